@@ -1,0 +1,41 @@
+# Two commands from a fresh clone:  make run  (train the demo on the embedded MLflow store)  and  make test.
+# Both create .venv and install into it: the pinned CPU/CUDA-agnostic torch first, so nothing pulls a second,
+# multi-GB torch build, then the project with its locked versions (constraints.txt).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-fast ui clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## run: train projects/nli_demo with MiniLM on the embedded default (hardware=auto, SQLite + local artifacts)
+run: install
+	$(BIN)/maxout train hardware=auto
+	@echo "Browse the run: make ui   (MLflow UI on http://127.0.0.1:5000, store under ./mlruns)"
+
+## test: the whole suite, slow end-to-end tests included (what CI runs)
+test: install
+	$(BIN)/python -m pytest -q
+
+## test-fast: everything but the slow end-to-end tests
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+## ui: the MLflow UI on the embedded store
+ui: install
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root ./mlruns/artifacts \
+	  --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf $(VENV) mlruns .pytest_cache

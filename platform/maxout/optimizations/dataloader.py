@@ -1,0 +1,55 @@
+"""DataLoader knobs: workers (auto = cores - 2, at least 0), pinned memory, persistent workers, prefetch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from .base import Decision, decide
+
+
+@dataclass
+class LoaderSettings:
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: Optional[int]
+
+
+def auto_workers(cpu_count: int) -> int:
+    return max(0, cpu_count - 2)
+
+
+def supported_pin_memory(device: Any) -> tuple[bool, str]:
+    return (True, "") if device.is_cuda else (False, "no CUDA device: pinned memory only speeds host-to-GPU copies")
+
+
+def supported_worker_feature(num_workers: int) -> tuple[bool, str]:
+    return (True, "") if num_workers > 0 else (False, "num_workers=0: data loads in the main process")
+
+
+def resolve(hw: Any, device: Any) -> tuple[LoaderSettings, list[Decision]]:
+    if hw.num_workers == "auto":
+        workers = auto_workers(device.cpu_count)
+        d_workers = Decision("num_workers", "auto", workers,
+                             f"auto = max(0, {device.cpu_count} cores - 2)")
+    else:
+        workers = hw.num_workers
+        d_workers = Decision("num_workers", workers, workers)
+    d_pin = decide("pin_memory", hw.pin_memory, supported_pin_memory(device))
+    d_persist = decide("persistent_workers", hw.persistent_workers, supported_worker_feature(workers))
+    d_prefetch = decide("prefetch_factor", hw.prefetch_factor, supported_worker_feature(workers), off=None)
+    settings = LoaderSettings(workers, d_pin.effective, d_persist.effective, d_prefetch.effective)
+    return settings, [d_workers, d_pin, d_persist, d_prefetch]
+
+
+def apply(dataset: Any, sampler: Any, batch_size: int, collate: Callable, settings: LoaderSettings,
+          drop_last: bool = False) -> torch.utils.data.DataLoader:
+    extra = {}
+    if settings.num_workers > 0:
+        extra = {"persistent_workers": settings.persistent_workers, "prefetch_factor": settings.prefetch_factor}
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
+                                       num_workers=settings.num_workers, pin_memory=settings.pin_memory,
+                                       drop_last=drop_last, **extra)

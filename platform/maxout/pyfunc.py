@@ -1,0 +1,64 @@
+"""The MLflow model the trainer logs: a custom pyfunc that takes raw text and returns every class probability.
+
+``mlflow.pyfunc.load_model(uri).predict(DataFrame)`` and ``mlflow models serve`` both go through
+:class:`TextClassifier`; the maxout package travels inside the model (``code_paths``), so a consumer needs
+torch, transformers and pandas, not maxout.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Optional
+
+import mlflow
+import pandas as pd
+
+PACKAGE_DIR = Path(__file__).parent
+
+
+class TextClassifier(mlflow.pyfunc.PythonModel):
+    def load_context(self, context: Any) -> None:
+        from maxout.inference import Predictor
+
+        self.predictor = Predictor.from_dir(context.artifacts["model"])
+
+    def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> pd.DataFrame:
+        from mlflow.exceptions import INVALID_PARAMETER_VALUE, MlflowException
+
+        from maxout.inference import InputError
+
+        if not isinstance(model_input, pd.DataFrame):
+            model_input = pd.DataFrame(model_input)
+        batch_size = int((params or {}).get("batch_size", 64))
+        try:
+            return self.predictor.predict(model_input, batch_size=batch_size)
+        except InputError as err:  # a 400 from `mlflow models serve`, not a 500
+            raise MlflowException(str(err), error_code=INVALID_PARAMETER_VALUE) from None
+
+
+def _requirement(dist: str) -> Optional[str]:
+    try:
+        return f"{dist}=={version(dist).split('+')[0]}"  # drop local tags like +cpu: not installable elsewhere
+    except PackageNotFoundError:
+        return None
+
+
+def requirements() -> list[str]:
+    return [r for r in map(_requirement, ("mlflow", "torch", "transformers", "tokenizers", "pandas",
+                                          "safetensors")) if r]
+
+
+def log_model(model_dir: str, example: Optional[pd.DataFrame] = None) -> Any:
+    """Log ``model_dir`` (see inference.save) as the run's pyfunc model; returns MLflow's ModelInfo."""
+    from mlflow.models import infer_signature
+
+    from .inference import Predictor
+
+    signature = None
+    if example is not None:
+        predictor = Predictor.from_dir(model_dir, device="cpu")
+        signature = infer_signature(example, predictor.predict(example), params={"batch_size": 64})
+    return mlflow.pyfunc.log_model(
+        name="model", python_model=TextClassifier(), artifacts={"model": str(model_dir)},
+        code_paths=[str(PACKAGE_DIR)], signature=signature, pip_requirements=requirements())

@@ -1,0 +1,258 @@
+"""Trackers behind one small interface: MLflow, and a null tracker that records in memory only.
+
+Step metrics are buffered and sent in batches (``log_batch``, asynchronous), never one blocking call per step:
+a synchronous ``log_metric`` to a server costs ~70 ms. Anything that could carry a credential (a URI with a
+password) is redacted before it becomes a param or tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Protocol
+
+from .config import TrackingConfig, project_root
+from .errors import MaxoutError
+
+_URI_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+def redact(value: Any) -> str:
+    """Mask the password of any ``scheme://user:password@host`` inside a value."""
+    return _URI_PASSWORD.sub(r"\1***@", str(value))
+
+
+class Tracker(Protocol):
+    run_id: Optional[str]
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None: ...
+    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+    def log_dict(self, data: Any, artifact_file: str) -> None: ...
+    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None: ...
+    def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]: ...
+    def flush(self) -> None: ...
+    def close(self, status: str = "FINISHED", reason: str = "") -> None: ...
+
+
+class NullTracker:
+    """Logs nothing anywhere; keeps what it was given so tests and benchmarks can read it back."""
+
+    run_id: Optional[str] = None
+
+    def __init__(self) -> None:
+        self.params: dict[str, str] = {}
+        self.tags: dict[str, str] = {}
+        self.metrics: dict[str, list[tuple[int, float]]] = {}
+        self.status: Optional[str] = None
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self.params.update({k: redact(v) for k, v in params.items()})
+
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None:
+        for key, value in metrics.items():
+            if value is not None:
+                self.metrics.setdefault(key, []).append((step or 0, float(value)))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self.tags.update({k: redact(v) for k, v in tags.items()})
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        pass
+
+    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
+        pass
+
+    def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
+        return None
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, status: str = "FINISHED", reason: str = "") -> None:
+        self.status = status
+
+    def last(self, key: str) -> Optional[float]:
+        return self.metrics[key][-1][1] if key in self.metrics else None
+
+
+# ------------------------------------------------------------------------------------------------ MLflow
+
+
+def local_store(root: Optional[Path] = None) -> tuple[str, str]:
+    """The embedded store: (tracking URI, artifact root) under <project root>/mlruns/."""
+    base = (root or project_root()) / "mlruns"
+    base.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
+
+
+def resolve_uri(cfg: TrackingConfig) -> tuple[str, Optional[str]]:
+    """MLflow's own MLFLOW_TRACKING_URI wins over the config, as MLflow users expect."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri
+    if uri:
+        return uri, cfg.artifact_location
+    uri, artifacts = local_store()
+    return uri, cfg.artifact_location or artifacts
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, with the URI and a hint, instead of MLflow's minutes of retries against a dead server."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+    except requests.RequestException as err:
+        raise MaxoutError(f"MLflow tracking server unreachable at {redact(uri)} ({type(err).__name__}); "
+                          f"start it (make platform-up) or use tracking=local") from None
+
+
+class MLflowTracker:
+    """One MLflow run. Metrics are buffered and flushed in batches from the training loop's sync points."""
+
+    flush_every_s = 10.0
+    max_buffer = 500
+
+    def __init__(self, run_id: str, nested: bool = False):
+        import mlflow
+
+        self.client = mlflow.MlflowClient()
+        self.run_id = run_id
+        self.nested = nested
+        self._buffer: list[Any] = []
+        self._last_flush = time.monotonic()
+        self._params = dict(self.client.get_run(run_id).data.params)  # e.g. what `mlflow run` already logged
+
+    @classmethod
+    def start(cls, cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
+              nested: bool = False, system_metrics: Optional[bool] = None) -> "MLflowTracker":
+        import mlflow
+
+        uri, artifact_location = resolve_uri(cfg)
+        check_reachable(uri)
+        if cfg.s3_endpoint_url:
+            os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
+        mlflow.set_tracking_uri(uri)
+        experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID") if not nested else None
+        if not experiment_id:
+            name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment_name
+            experiment = mlflow.get_experiment_by_name(name)
+            experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(
+                name, artifact_location=artifact_location)
+        use_system = cfg.system_metrics if system_metrics is None else system_metrics
+        if use_system:
+            mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name or cfg.run_name, nested=nested,
+                               log_system_metrics=use_system,
+                               tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()})
+        return cls(run.info.run_id, nested=nested)
+
+    # -- logging
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        fresh = {}
+        for key, value in params.items():
+            value = redact(value)[:6000]
+            if key in self._params:
+                if self._params[key] != value:
+                    raise MaxoutError(f"param {key!r} is already {self._params[key]!r} in run {self.run_id}; "
+                                      f"MLflow refuses to change it to {value!r}")
+                continue
+            fresh[key] = value
+        items = [Param(k, v) for k, v in fresh.items()]
+        for i in range(0, len(items), 100):  # log_batch takes at most 100 params per call
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+        self._params.update(fresh)
+
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None)
+        if len(self._buffer) >= self.max_buffer or time.monotonic() - self._last_flush > self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        while self._buffer:
+            chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
+            self.client.log_batch(self.run_id, metrics=chunk, synchronous=False)
+        self._last_flush = time.monotonic()
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(v)[:5000]) for k, v in tags.items()])
+
+    def log_dict(self, data: Any, artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, data, artifact_file)
+
+    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
+        self.client.log_artifact(self.run_id, local_path, artifact_path)
+
+    def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
+        from . import pyfunc
+
+        with _active(self.run_id):
+            info = pyfunc.log_model(model_dir, signature_example)
+        self.set_tags({"maxout.model_uri": info.model_uri})
+        return info.model_uri
+
+    def close(self, status: str = "FINISHED", reason: str = "") -> None:
+        import mlflow
+
+        try:
+            self.flush()
+            mlflow.flush_async_logging()
+            if reason:
+                self.set_tags({"maxout.status_reason": reason})
+        finally:
+            active = mlflow.active_run()
+            if active is not None and active.info.run_id == self.run_id:
+                mlflow.end_run(status=status)
+            else:
+                self.client.set_terminated(self.run_id, status=status)
+
+
+@contextlib.contextmanager
+def _active(run_id: str) -> Iterator[None]:
+    """Make ``run_id`` the fluent active run for APIs that only log to it (log_model)."""
+    import mlflow
+
+    active = mlflow.active_run()
+    if active is not None and active.info.run_id == run_id:
+        yield
+        return
+    with mlflow.start_run(run_id=run_id, nested=active is not None):
+        yield
+
+
+def start(cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
+          nested: bool = False, system_metrics: Optional[bool] = None) -> Tracker:
+    if cfg.backend == "none":
+        return NullTracker()
+    return MLflowTracker.start(cfg, run_name=run_name, tags=tags, nested=nested, system_metrics=system_metrics)
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM, so the run is closed as KILLED instead of left RUNNING."""
+
+
+@contextlib.contextmanager
+def closing(tracker: Tracker) -> Iterator[Tracker]:
+    """End the run as FINISHED, FAILED (exception, with its message as a tag) or KILLED (Ctrl-C, SIGTERM)."""
+    try:
+        yield tracker
+    except (KeyboardInterrupt, Terminated) as err:
+        tracker.close("KILLED", reason=f"{type(err).__name__}: interrupted")
+        raise
+    except BaseException as err:
+        tracker.close("FAILED", reason=f"{type(err).__name__}: {err}"[:2000])
+        raise
+    else:
+        tracker.close("FINISHED")

@@ -1,0 +1,51 @@
+"""The loop's five hook points (see loop.py's docstring) and the state they see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+@dataclass
+class TrainState:
+    total_steps: int
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    train_loss: float = float("nan")  # mean over the last log interval
+    first_step_s: float = float("nan")
+    eval_metrics: dict = field(default_factory=dict)
+
+
+class Callback:
+    """Override what you need. Hooks run in the loop's thread; on_step_end must not sync the device."""
+
+    def on_train_start(self, state: TrainState) -> None: ...
+    def on_step_end(self, state: TrainState) -> None: ...
+    def on_evaluate(self, state: TrainState, metrics: dict) -> None: ...
+    def on_epoch_end(self, state: TrainState) -> None: ...
+    def on_train_end(self, state: TrainState) -> None: ...
+
+
+class CallbackList(Callback):
+    def __init__(self, callbacks: Sequence[Callback]):
+        self.callbacks = list(callbacks)
+
+    def on_train_start(self, state: TrainState) -> None:
+        for c in self.callbacks:
+            c.on_train_start(state)
+
+    def on_step_end(self, state: TrainState) -> None:
+        for c in self.callbacks:
+            c.on_step_end(state)
+
+    def on_evaluate(self, state: TrainState, metrics: dict) -> None:
+        for c in self.callbacks:
+            c.on_evaluate(state, metrics)
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        for c in self.callbacks:
+            c.on_epoch_end(state)
+
+    def on_train_end(self, state: TrainState) -> None:
+        for c in self.callbacks:
+            c.on_train_end(state)

@@ -1,0 +1,131 @@
+"""The training loop. Hook points, in order (each a method of the callbacks in ``callbacks.py``):
+
+    on_train_start(state)
+    for each epoch:
+        for each optimizer step (accum_steps micro-batches: forward, backward; then clip, step, zero_grad):
+            on_step_end(state)                # every step: no host sync here
+            every log_every steps:  read loss (the one host sync), log metrics
+            every eval_interval steps, or at epoch end:  evaluate -> on_evaluate(state, metrics)
+        on_epoch_end(state)
+    on_train_end(state)
+
+A callback stops training by raising (e.g. optuna.TrialPruned); the caller decides what that means.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import metrics as m
+from ..data import MODEL_INPUTS
+from ..optimizations import compile as compile_opt, grad_clipping
+from .callbacks import Callback, CallbackList, TrainState
+from .evaluate import evaluate
+from .setup import Setup
+
+
+def accumulation_groups(loader: Iterable, accum: int) -> Iterator[list]:
+    """Micro-batches grouped per optimizer step; the epoch's last group may be shorter."""
+    group: list = []
+    for batch in loader:
+        group.append(batch)
+        if len(group) == accum:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> torch.Tensor:
+    """One optimizer step over ``micro_batches``. Returns the mean loss as a device tensor (no sync)."""
+    device, scaler = s.device.torch_device, s.precision.scaler
+    step_loss = torch.zeros((), device=device)
+    for batch in micro_batches:
+        meter.add(len(batch["labels"]), batch["num_real_tokens"], batch["num_tokens"])
+        inputs = {k: batch[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in batch}
+        with s.precision.autocast():
+            loss = s.forward(**inputs).loss / len(micro_batches)
+        scaler.scale(loss).backward()
+        step_loss += loss.detach()
+    if s.clip_norm:
+        scaler.unscale_(s.optimizer)  # clip the true gradients, not the fp16-scaled ones
+        grad_clipping.apply(s.model.parameters(), s.clip_norm)
+    scaler.step(s.optimizer)
+    scaler.update()
+    s.optimizer.zero_grad(set_to_none=True)  # frees grad memory and skips a memset
+    s.scheduler.step()
+    return step_loss
+
+
+def fit(s: Setup, tracker: Any, callbacks: Sequence[Callback] = (), progress: bool = True) -> dict[str, float]:
+    tr, device = s.cfg.train, s.device.torch_device
+    hooks, state = CallbackList(callbacks), TrainState(total_steps=s.total_steps)
+    meter = m.Throughput(device, warmup_steps=tr.warmup_steps_excluded)
+    gpu = m.UtilizationSampler() if s.device.is_cuda else None
+    compile_before, wall_start = compile_opt.compile_seconds(), time.perf_counter()
+    running, running_steps = torch.zeros((), device=device), 0  # loss summed on the device between syncs
+    bar = tqdm(total=s.total_steps, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
+    m.reset_peak_memory(device)
+    s.model.train()
+    hooks.on_train_start(state)
+    meter.start()
+    if gpu:
+        gpu.start()
+
+    def run_eval() -> None:
+        meter.pause()  # evaluation is not training time
+        state.eval_metrics = evaluate(s)
+        tracker.log_metrics(state.eval_metrics, step=state.step)
+        hooks.on_evaluate(state, state.eval_metrics)
+        meter.resume()
+
+    for epoch in range(tr.epochs):
+        state.epoch = epoch
+        s.sampler.set_epoch(epoch)
+        for group in accumulation_groups(s.train_loader, s.accum_steps):
+            running += train_step(s, group, meter)
+            running_steps += 1
+            state.step += 1
+            meter.step()
+            bar.update()
+            if state.step == 1:
+                meter.mark()  # one sync: time to first step includes compile and allocator warm-up
+                state.first_step_s = time.perf_counter() - wall_start
+            hooks.on_step_end(state)
+            if state.step % tr.log_every == 0 or state.step == s.total_steps:
+                meter.mark()
+                state.train_loss = running.item() / running_steps  # the host sync, once per log interval
+                running.zero_()
+                running_steps = 0
+                rates = meter.window_rates()
+                tracker.log_metrics({"train/loss": state.train_loss, "train/lr": s.scheduler.get_last_lr()[0],
+                                     "train/epoch": epoch + 1, **rates}, step=state.step)
+                bar.set_postfix(loss=f"{state.train_loss:.4f}",
+                                samples_s=f"{rates['perf/window_samples_per_s']:.1f}")
+            if tr.eval_interval and state.step % tr.eval_interval == 0:
+                run_eval()
+            if state.step >= s.total_steps:
+                break
+        done = state.step >= s.total_steps
+        if not tr.eval_interval or (done and state.step % tr.eval_interval):
+            run_eval()  # at each epoch end, or after the last step when evaluating every N steps
+        hooks.on_epoch_end(state)
+        if done:
+            break
+
+    bar.close()
+    results = meter.summary()
+    if gpu:
+        results.update(gpu.stop())
+    results.update(m.peak_memory(device))
+    results.update(state.eval_metrics)
+    results["time/first_step_s"] = state.first_step_s
+    results["time/compile_s"] = compile_opt.compile_seconds() - compile_before
+    results["time/wall_s"] = time.perf_counter() - wall_start
+    results["train/final_loss"] = state.train_loss
+    hooks.on_train_end(state)
+    return results

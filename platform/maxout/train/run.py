@@ -1,0 +1,157 @@
+"""``train(cfg)``: one fine-tuning run, tracked. The CLI, HPO and benchmarks all call this.
+
+Everything that can be wrong with the input (config, data files, columns, labels, model availability) is checked
+before the tracking run starts, so bad input never leaves a run behind; after it starts, any failure ends the
+run as FAILED (or KILLED on Ctrl-C / SIGTERM) with the reason as a tag.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+
+from .. import data as data_mod
+from .. import hardware, inference, metrics as m, modeling, tracking
+from ..config import Config, to_dict
+from ..optimizations import lora
+from .callbacks import Callback
+from .loop import fit
+from .setup import Setup, build, resolve_micro_batch
+
+
+@dataclass
+class TrainResult:
+    metrics: dict
+    run_id: Optional[str]
+    model_uri: Optional[str]
+    setup: Setup
+    params: dict = field(default_factory=dict)
+
+
+def flatten(tree: Any, prefix: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}.{key}"))
+    else:
+        out[prefix] = json.dumps(tree) if isinstance(tree, (list, tuple)) else str(tree)
+    return out
+
+
+def run_params(cfg: Config, setup: Setup) -> dict[str, str]:
+    """The naming scheme (README, "MLflow params"): opt.* decisions, cfg.* config, device.*, derived.*."""
+    params: dict[str, str] = {}
+    for decision in setup.decisions:
+        params.update(decision.params())
+    tree = to_dict(cfg)
+    for section in ("hardware", "model", "data", "train", "tracking"):
+        params.update(flatten(tree[section], f"cfg.{section}"))
+    dev = setup.device
+    params.update({"device.kind": dev.kind, "device.name": dev.name, "device.count": str(dev.count),
+                   "device.memory_gb": str(dev.total_memory_gb), "device.cpu_count": str(dev.cpu_count),
+                   "device.compute_capability": ".".join(map(str, dev.compute_capability or ())) or "none",
+                   "device.driver": str(dev.driver_version), "device.cuda": str(dev.cuda_version),
+                   "device.torch": dev.torch_version})
+    params.update({f"derived.{k}": str(v) for k, v in setup.derived.items()})
+    return params
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for dist in ("torch", "transformers", "peft", "mlflow", "optuna", "hydra-core", "tokenizers", "numpy",
+                 "nvidia-ml-py", "maxout"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def startup_banner(setup: Setup) -> str:
+    """Derived numbers printed at start-up, so nobody has to work them out from the config."""
+    d = setup.derived
+    changed = [f"{x.name}: {x.requested} -> {x.effective} ({x.reason})" for x in setup.decisions if x.changed]
+    lines = [f"maxout: {setup.cfg.model.name} on {setup.device.name} [{setup.cfg.hardware.name}], "
+             f"precision {setup.decision('precision').effective}, compile {setup.decision('compile').effective}",
+             f"  micro-batch {d['micro_batch']} x accumulation {d['accumulation_steps']} = effective batch "
+             f"{d['effective_batch']}; {d['steps_per_epoch']} steps/epoch, {d['total_steps']} steps; "
+             f"{d['params_trainable']:,} of {d['params_total']:,} params trainable"]
+    lines += [f"  {c}" for c in changed]
+    return "\n".join(lines)
+
+
+def majority_baseline(labels: list[int]) -> float:
+    return max(labels.count(c) for c in set(labels)) / len(labels)
+
+
+def log_model(setup: Setup, tracker: Any) -> Optional[str]:
+    cfg = setup.cfg
+    meta = inference.ModelMeta(cfg.data.text_column, cfg.data.text_pair_column, setup.dataset.label_names,
+                               cfg.data.max_length)
+    val = setup.dataset.validation
+    example = pd.DataFrame({cfg.data.text_column: val.texts[:2]})
+    if val.pairs is not None:
+        example[cfg.data.text_pair_column] = val.pairs[:2]
+    with tempfile.TemporaryDirectory(prefix="maxout-model-") as tmp:
+        inference.save(lora.merged(setup.model), setup.tokenizer, meta, tmp)
+        return tracker.log_model(tmp, example)
+
+
+def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callback] = (), progress: bool = True,
+          device: Optional[hardware.DeviceInfo] = None, verbose: bool = True) -> TrainResult:
+    """Fine-tune per ``cfg``. With ``tracker=None`` a run is started and closed here; a tracker passed in (HPO's
+    nested child run) is logged to but left open for its owner to close."""
+    device = device or hardware.detect()
+    dataset = data_mod.load(cfg.data)  # validates files, columns and labels: no run exists yet
+    tokenizer = modeling.load_tokenizer(cfg.model)  # a missing model fails here too
+    if cfg.model.source != "config":
+        modeling.weights_location(cfg.model)
+    resolve_micro_batch(cfg)
+    owned = tracker is None
+    if owned:
+        tracker = tracking.start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",
+                                 tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
+                                       "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+    guard = tracking.closing(tracker) if owned else _no_close(tracker)
+    with guard:
+        setup = build(cfg, device, dataset, tokenizer)
+        if verbose:
+            print(startup_banner(setup), file=sys.stderr)
+        params = run_params(cfg, setup)
+        tracker.log_params(params)
+        tracker.log_dict(to_dict(cfg), "config.yaml")
+        tracker.log_dict({**device.to_dict(), "profile": cfg.hardware.name,
+                          "profile_description": cfg.hardware.description}, "hardware.json")
+        tracker.log_dict(library_versions(), "versions.json")
+        results = fit(setup, tracker, callbacks, progress=progress)
+        mean_len = results["train/real_tokens"] / max(results["train/samples"], 1)
+        flops = m.flops_per_token(setup.model, setup.model_config, mean_len)
+        peak = hardware.peak_flops(device, setup.decision("precision").effective, setup.decision("tf32").effective)
+        results["perf/mfu"] = m.mfu(flops, results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]),
+                                    peak)
+        results["perf/flops_per_token"] = flops
+        results["eval/majority_baseline"] = majority_baseline(dataset.validation.labels)
+        tracker.log_metrics(results, step=setup.total_steps)
+        model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
+    return TrainResult({k: v for k, v in results.items() if v is not None}, tracker.run_id, model_uri, setup, params)
+
+
+class _no_close:
+    """For a tracker owned by the caller: tag the failure reason, leave closing to the owner."""
+
+    def __init__(self, tracker: Any):
+        self.tracker = tracker
+
+    def __enter__(self) -> Any:
+        return self.tracker
+
+    def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
+        if err is not None and not isinstance(err, (KeyboardInterrupt, tracking.Terminated)):
+            self.tracker.set_tags({"maxout.error": f"{type(err).__name__}: {err}"[:2000]})

@@ -1,0 +1,181 @@
+"""Build everything the loop needs, deciding and applying each optimization once, in a fixed order.
+
+Each decision (requested, effective, reason) is recorded in ``Setup.decisions``; nothing the device cannot
+honour is turned off silently.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .. import data as data_mod
+from .. import modeling
+from ..config import Config
+from ..errors import ConfigError
+from ..hardware import DeviceInfo
+from ..optimizations import Decision, decide
+from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
+from ..optimizations import dataloader, deterministic, freeze, fused_adamw, grad_clipping
+from ..optimizations import gradient_checkpointing, lora, precision as precision_opt, tf32
+
+
+@dataclass
+class Setup:
+    cfg: Config
+    device: DeviceInfo
+    dataset: data_mod.Dataset
+    tokenizer: Any
+    model_config: Any
+    model: torch.nn.Module  # the trainable module (peft-wrapped when an adapter is on)
+    forward: Callable  # what the loop calls: the compiled module when compile is on
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    precision: precision_opt.Precision
+    train_loader: torch.utils.data.DataLoader
+    eval_loader: torch.utils.data.DataLoader
+    sampler: bucketing.EpochSampler
+    micro_batch: int
+    accum_steps: int
+    clip_norm: float  # 0: no clipping
+    decisions: list = field(default_factory=list)
+    derived: dict = field(default_factory=dict)
+
+    def decision(self, name: str) -> Decision:
+        return next(d for d in self.decisions if d.name == name)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return planned_steps(len(self.train_loader), self.accum_steps, self.cfg.train)[0]
+
+    @property
+    def total_steps(self) -> int:
+        return planned_steps(len(self.train_loader), self.accum_steps, self.cfg.train)[1]
+
+
+def planned_steps(micro_batches_per_epoch: int, accum_steps: int, tr: Any) -> tuple[int, int]:
+    """(optimizer steps per epoch, total optimizer steps); max_steps > 0 caps the total."""
+    per_epoch = math.ceil(micro_batches_per_epoch / accum_steps)
+    total = per_epoch * tr.epochs
+    return per_epoch, (min(total, tr.max_steps) if tr.max_steps > 0 else total)
+
+
+def resolve_micro_batch(cfg: Config) -> int:
+    """The per-device micro-batch. ``auto`` is the batch finder's job (maxout find-batch-size)."""
+    batch = cfg.batch_size
+    if batch == "auto":
+        raise ConfigError("batch_size=auto needs the batch finder, which is not available in this build; "
+                          "set train.batch_size to a positive integer")
+    return int(batch)
+
+
+def backend_decisions(cfg: Config, device: DeviceInfo) -> list[Decision]:
+    """Process-wide switches, applied before the model exists (seed first: the head's init depends on it)."""
+    hw, tr = cfg.hardware, cfg.train
+    deterministic.seed_everything(tr.seed)
+    d_det = decide("deterministic", tr.deterministic, deterministic.supported(device))
+    deterministic.apply(d_det.effective)
+    d_prec = precision_opt.resolve(hw.precision, device)
+    d_tf32 = decide("tf32", hw.tf32, tf32.supported(device))
+    tf32.apply(d_tf32.effective)
+    d_cudnn = decide("cudnn_benchmark", hw.cudnn_benchmark, cudnn_benchmark.supported(device, d_det.effective))
+    cudnn_benchmark.apply(d_cudnn.effective)
+    return [d_prec, d_tf32, d_cudnn, d_det]
+
+
+def build_model(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
+                precision: str) -> tuple[Any, torch.nn.Module, list[Decision]]:
+    hw, mc = cfg.hardware, cfg.model
+    model_config = modeling.build_config(mc, dataset.label_names, len(tokenizer))
+    d_attn = attention.resolve(hw.attn_implementation, modeling.model_class(model_config), device, precision)
+    model = modeling.load_model(mc, model_config, d_attn.effective)
+
+    d_adapter = decide("adapter", mc.adapter, lora.supported(mc.adapter), off="none")
+    d_freeze = decide("freeze_encoder", mc.freeze_encoder, freeze.supported(model, d_adapter.effective))
+    if d_freeze.effective:
+        freeze.apply(model)
+    d_ckpt = decide("gradient_checkpointing", hw.gradient_checkpointing, gradient_checkpointing.supported(model))
+    if d_ckpt.effective:  # before peft wraps the model: checkpointing lives on the transformers module
+        gradient_checkpointing.apply(model)
+    if d_adapter.effective != "none":
+        model = lora.apply(model, d_adapter.effective, mc.lora_r, mc.lora_alpha, mc.lora_dropout,
+                           mc.lora_target_modules)
+    return model_config, model.to(device.torch_device), [d_attn, d_ckpt, d_freeze, d_adapter]
+
+
+def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
+                  micro_batch: int) -> tuple[Any, Any, bucketing.EpochSampler, list[Decision]]:
+    dc = cfg.data
+    train_enc = data_mod.encode(tokenizer, dataset.train, dc.max_length)
+    eval_enc = data_mod.encode(tokenizer, dataset.validation, dc.max_length)
+    d_pad = Decision("padding", dc.padding, dc.padding)
+    d_bucket = decide("bucketing", dc.bucketing, bucketing.supported(dc.padding))
+    multiple = (8 if device.is_cuda else None) if dc.pad_to_multiple_of == "auto" else dc.pad_to_multiple_of
+    collate = data_mod.Collator(tokenizer.pad_token_id, dc.max_length if dc.padding == "max_length" else None,
+                                multiple)
+    settings, d_loader = dataloader.resolve(cfg.hardware, device)
+    sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective)
+    train_loader = dataloader.apply(train_enc, sampler, micro_batch, collate, settings)
+    # Evaluation: no gradients, so twice the batch fits; rows in length order pad least (order is irrelevant).
+    eval_order = sorted(range(len(eval_enc)), key=eval_enc.lengths.__getitem__)
+    eval_loader = dataloader.apply(eval_enc, eval_order, micro_batch * 2, collate, settings)
+    return train_loader, eval_loader, sampler, d_loader + [d_bucket, d_pad]
+
+
+def build_optimizer(cfg: Config, device: DeviceInfo, model: torch.nn.Module, total_steps: int
+                    ) -> tuple[torch.optim.Optimizer, Any, list[Decision]]:
+    from transformers import get_scheduler
+
+    tr = cfg.train
+    d_fused = decide("fused_adamw", cfg.hardware.fused_adamw, fused_adamw.supported(device))
+    optimizer = fused_adamw.apply(model, tr.lr, tr.weight_decay, d_fused.effective)
+    warmup = int(tr.warmup_ratio * total_steps)
+    name = {"constant": "constant_with_warmup"}.get(tr.schedule, tr.schedule)
+    scheduler = get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    d_clip = decide("grad_clipping", tr.max_grad_norm, grad_clipping.supported(tr.max_grad_norm), off=0.0)
+    return optimizer, scheduler, [d_fused, d_clip]
+
+
+def build_compile(cfg: Config, device: DeviceInfo, model: torch.nn.Module) -> tuple[Callable, list[Decision]]:
+    hw = cfg.hardware
+    d_compile = decide("compile", hw.compile, compile_opt.supported(device))
+    static = cfg.data.padding == "max_length"
+    d_mode = compile_opt.resolve_mode(hw.compile_mode, device, static)
+    if not d_compile.effective:
+        return model, [d_compile, Decision("compile_mode", hw.compile_mode, "none", "compile is off")]
+    # Dynamic padding changes the sequence length every batch: mark shapes dynamic up front (one compile).
+    return compile_opt.apply(model, d_mode.effective, dynamic=None if static else True), [d_compile, d_mode]
+
+
+def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
+          micro_batch: Optional[int] = None) -> Setup:
+    micro_batch = micro_batch or resolve_micro_batch(cfg)
+    decisions = backend_decisions(cfg, device)
+    prec = decisions[0].effective
+    model_config, model, d_model = build_model(cfg, device, dataset, tokenizer, prec)
+    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch)
+    accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch)
+    _, total = planned_steps(len(train_loader), accum_steps, cfg.train)
+    optimizer, scheduler, d_optim = build_optimizer(cfg, device, model, total)
+    forward, d_compile = build_compile(cfg, device, model)
+    decisions += d_model + d_data + [d_accum] + d_optim + d_compile
+    setup = Setup(cfg=cfg, device=device, dataset=dataset, tokenizer=tokenizer, model_config=model_config,
+                  model=model, forward=forward, optimizer=optimizer, scheduler=scheduler,
+                  precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
+                  eval_loader=eval_loader, sampler=sampler, micro_batch=micro_batch, accum_steps=accum_steps,
+                  clip_norm=cfg.train.max_grad_norm if d_optim[1].effective else 0.0, decisions=decisions)
+    counts = modeling.count_parameters(model)
+    setup.derived = {
+        "micro_batch": micro_batch, "accumulation_steps": accum_steps, "effective_batch": micro_batch * accum_steps,
+        "steps_per_epoch": setup.steps_per_epoch, "total_steps": setup.total_steps,
+        "warmup_steps": int(cfg.train.warmup_ratio * setup.total_steps),
+        "train_samples": len(dataset.train), "validation_samples": len(dataset.validation),
+        "num_labels": dataset.num_labels, "labels": ",".join(dataset.label_names),
+        "data_fingerprint": dataset.fingerprint, "params_total": counts["total"],
+        "params_trainable": counts["trainable"], "host_sync_every_steps": cfg.train.log_every,
+        "zero_grad_set_to_none": True,
+    }
+    return setup

@@ -1,0 +1,77 @@
+"""Shared fixtures: the real config composed with CPU/tiny overrides, a temporary MLflow store, fake devices
+for the pure support checks, and the `gpu` marker (runs only where a CUDA device is visible)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+MLFLOW_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
+
+# Tiny, fast, CPU: what most tests train with.
+TINY = ["hardware=cpu", "model=tiny", "tracking=none", "train.max_steps=3", "train.epochs=1", "train.log_every=1"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (none visible)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolate(monkeypatch):
+    """Run from the repo root (relative data paths), with no MLflow variables leaking in, and restore the
+    process-wide torch switches that optimizations flip."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("MAXOUT_ROOT", raising=False)
+    for var in MLFLOW_VARS:
+        monkeypatch.delenv(var, raising=False)
+    yield
+    import mlflow
+
+    while mlflow.active_run():
+        mlflow.end_run()
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+    torch.backends.cudnn.benchmark = False
+
+
+@pytest.fixture
+def mlflow_store(tmp_path):
+    """A temporary embedded store: overrides that point tracking at it, plus the URI for queries."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = ["tracking=local", f"tracking.uri={uri}", f"tracking.artifact_location={(tmp_path / 'art').as_uri()}",
+                 "tracking.system_metrics=false"]
+    return {"uri": uri, "overrides": overrides, "dir": tmp_path}
+
+
+def runs_in(uri: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(exps) if exps else []
+
+
+@pytest.fixture(scope="session")
+def cpu_device():
+    from maxout import hardware
+
+    return hardware.detect()
+
+
+def fake_cuda(name="NVIDIA GeForce RTX 3090", memory_gb=24.0, cc=(8, 6), flash=False):
+    """A CUDA DeviceInfo for the pure support checks and profile picking (no GPU needed)."""
+    from maxout.hardware import DeviceInfo
+
+    return DeviceInfo(kind="cuda", name=name, count=1, total_memory_gb=memory_gb, compute_capability=cc,
+                      bf16=cc >= (8, 0), tf32=cc >= (8, 0), flash_attention=flash,
+                      flash_attention_reason="" if flash else "the flash_attn package is not installed",
+                      torch_version=torch.__version__, cpu_count=os.cpu_count() or 1, compiler="/usr/bin/cc")

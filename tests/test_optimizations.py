@@ -1,0 +1,174 @@
+"""One smoke test per optimization, driven by a settings table: each case trains the tiny model for a few steps
+on CPU through ``train()``, then asserts the optimization's *effect* on the built objects and the params it logged
+(requested, effective and, where they differ, the reason).
+
+Expectations that depend on the machine (does this CPU have native bf16?) are computed from the detected device,
+never hard-coded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from maxout import config
+from maxout.optimizations import NAMES, grad_clipping, tf32
+from maxout.tracking import NullTracker
+from maxout.train import train
+
+from .conftest import TINY, fake_cuda
+
+
+def cpu_bf16(device) -> str:
+    return "bf16" if device.bf16 else "fp32"
+
+
+def logits_dtype(result) -> torch.dtype:
+    s = result.setup
+    batch = next(iter(s.eval_loader))
+    with torch.no_grad(), s.precision.autocast():
+        return s.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.dtype
+
+
+@dataclass
+class Case:
+    overrides: list
+    params: dict  # param key -> expected value, or a function of the device
+    effect: Callable[[Any, Any], bool]  # (result, device) -> the optimization really took effect
+    reasons: dict = field(default_factory=dict)  # param key -> substring of the logged reason
+
+
+SETTINGS: dict[str, Case] = {
+    "precision_bf16": Case(["hardware.precision=bf16"], {"opt.precision.effective": cpu_bf16},
+                           lambda r, d: logits_dtype(r) == (torch.bfloat16 if d.bf16 else torch.float32)),
+    "precision_fp16_falls_back_on_cpu": Case(
+        ["hardware.precision=fp16"], {"opt.precision.requested": "fp16", "opt.precision.effective": cpu_bf16},
+        lambda r, d: not r.setup.precision.scaler.is_enabled(), {"opt.precision.reason": "no CUDA device"}),
+    "precision_fp32": Case(["hardware.precision=fp32"], {"opt.precision.effective": "fp32"},
+                           lambda r, d: logits_dtype(r) == torch.float32),
+    "tf32_off_without_cuda": Case(["hardware.tf32=true"], {"opt.tf32.requested": "true", "opt.tf32.effective": "false"},
+                                  lambda r, d: not tf32.enabled(), {"opt.tf32.reason": "no CUDA device"}),
+    "cudnn_benchmark_off_without_cuda": Case(
+        ["hardware.cudnn_benchmark=true"], {"opt.cudnn_benchmark.effective": "false"},
+        lambda r, d: not torch.backends.cudnn.benchmark, {"opt.cudnn_benchmark.reason": "no CUDA device"}),
+    "deterministic": Case(["train.deterministic=true"], {"opt.deterministic.effective": "true"},
+                          lambda r, d: torch.are_deterministic_algorithms_enabled()),
+    "fused_adamw": Case(["hardware.fused_adamw=true"], {"opt.fused_adamw.effective": "true"},
+                        lambda r, d: r.setup.optimizer.defaults["fused"] is True),
+    "foreach_adamw": Case(["hardware.fused_adamw=false"], {"opt.fused_adamw.effective": "false"},
+                          lambda r, d: r.setup.optimizer.defaults["foreach"] is True),
+    "compile": Case(["hardware.compile=true"], {"opt.compile.effective": "true", "opt.compile_mode.effective": "default"},
+                    lambda r, d: isinstance(r.setup.forward, torch._dynamo.eval_frame.OptimizedModule)
+                    and r.metrics["time/compile_s"] > 0),
+    "compile_mode_cudagraphs_fall_back_on_cpu": Case(
+        ["hardware.compile=true", "hardware.compile_mode=reduce-overhead"],
+        {"opt.compile_mode.requested": "reduce-overhead", "opt.compile_mode.effective": "default"},
+        lambda r, d: isinstance(r.setup.forward, torch._dynamo.eval_frame.OptimizedModule),
+        {"opt.compile_mode.reason": "CUDA graphs need a CUDA device"}),
+    "gradient_checkpointing": Case(["hardware.gradient_checkpointing=true"],
+                                   {"opt.gradient_checkpointing.effective": "true"},
+                                   lambda r, d: r.setup.model.is_gradient_checkpointing),
+    "attention_eager": Case(["hardware.attn_implementation=eager"], {"opt.attention.effective": "eager"},
+                            lambda r, d: r.setup.model.config._attn_implementation == "eager"),
+    "attention_sdpa": Case(["hardware.attn_implementation=sdpa"], {"opt.attention.effective": "sdpa"},
+                           lambda r, d: r.setup.model.config._attn_implementation == "sdpa"),
+    "attention_flash_falls_back": Case(
+        ["hardware.attn_implementation=flash_attention_2"],
+        {"opt.attention.requested": "flash_attention_2", "opt.attention.effective": "sdpa"},
+        lambda r, d: r.setup.model.config._attn_implementation == "sdpa", {"opt.attention.reason": "no CUDA device"}),
+    "accumulation_from_target": Case(
+        ["train.batch_size=16", "train.target_effective_batch=40"],
+        {"opt.accumulation.requested": "40", "opt.accumulation.effective": "48", "derived.accumulation_steps": "3"},
+        lambda r, d: r.setup.accum_steps == 3 and r.metrics["train/samples"] == 3 * 48,
+        {"opt.accumulation.reason": "not a multiple of the micro-batch 16"}),
+    "grad_clipping": Case(["train.max_grad_norm=0.5"], {"opt.grad_clipping.effective": "0.5"},
+                          lambda r, d: r.setup.clip_norm == 0.5),
+    "grad_clipping_off": Case(["train.max_grad_norm=0"], {"opt.grad_clipping.effective": "0.0"},
+                              lambda r, d: r.setup.clip_norm == 0),
+    "dataloader_workers": Case(
+        ["hardware.num_workers=1", "hardware.persistent_workers=true", "hardware.prefetch_factor=4"],
+        {"opt.num_workers.effective": "1", "opt.persistent_workers.effective": "true",
+         "opt.prefetch_factor.effective": "4"},
+        lambda r, d: (r.setup.train_loader.num_workers, r.setup.train_loader.persistent_workers,
+                      r.setup.train_loader.prefetch_factor) == (1, True, 4)),
+    "dataloader_auto_workers": Case(
+        ["hardware.num_workers=auto"], {"opt.num_workers.requested": "auto",
+                                        "opt.num_workers.effective": lambda d: str(max(0, d.cpu_count - 2))},
+        lambda r, d: r.setup.train_loader.num_workers == max(0, d.cpu_count - 2),
+        {"opt.num_workers.reason": "cores - 2"}),
+    "pin_memory_off_without_cuda": Case(["hardware.pin_memory=true"], {"opt.pin_memory.effective": "false"},
+                                        lambda r, d: r.setup.train_loader.pin_memory is False,
+                                        {"opt.pin_memory.reason": "no CUDA device"}),
+    "bucketing": Case(["data.bucketing=true"], {"opt.bucketing.effective": "true"},
+                      lambda r, d: r.setup.sampler.bucketing and r.metrics["perf/padding_efficiency"] > 0.75),
+    "no_bucketing": Case(["data.bucketing=false"], {"opt.bucketing.effective": "false"},
+                         lambda r, d: not r.setup.sampler.bucketing and r.metrics["perf/padding_efficiency"] < 0.7),
+    "padding_max_length": Case(["data.padding=max_length", "data.max_length=128"],
+                               {"opt.padding.effective": "max_length", "opt.bucketing.effective": "false"},
+                               lambda r, d: next(iter(r.setup.train_loader))["input_ids"].shape[1] == 128,
+                               {"opt.bucketing.reason": "pads every row to the same length"}),
+    "freeze_encoder": Case(["model.freeze_encoder=true"], {"opt.freeze_encoder.effective": "true"},
+                           lambda r, d: {n for n, p in r.setup.model.named_parameters() if p.requires_grad}
+                           == {"classifier.weight", "classifier.bias"}),
+    "lora": Case(["model.adapter=lora", "model.lora_r=4"], {"opt.adapter.effective": "lora"},
+                 lambda r, d: any("lora_A" in n for n, p in r.setup.model.named_parameters() if p.requires_grad)
+                 and not any(p.requires_grad for n, p in r.setup.model.named_parameters() if "word_embeddings" in n)),
+    "dora": Case(["model.adapter=dora", "model.lora_r=4"], {"opt.adapter.effective": "dora"},
+                 lambda r, d: r.setup.model.peft_config["default"].use_dora is True),
+    "freeze_with_adapter_is_redundant": Case(
+        ["model.adapter=lora", "model.freeze_encoder=true"], {"opt.freeze_encoder.effective": "false"},
+        lambda r, d: type(r.setup.model).__name__.startswith("Peft"), {"opt.freeze_encoder.reason": "already freezes"}),
+}
+
+
+def test_the_table_covers_every_optimization():
+    covered = {k.split(".")[1] for case in SETTINGS.values() for k in case.params if k.startswith("opt.")}
+    assert covered == set(NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_optimization_support_apply_and_params(name, cpu_device):
+    case = SETTINGS[name]
+    cfg = config.load([*TINY, *case.overrides], device=cpu_device)
+    tracker = NullTracker()
+    result = train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False)
+    for key, expected in case.params.items():
+        want = expected(cpu_device) if callable(expected) else expected
+        assert tracker.params.get(key) == want, (key, tracker.params.get(key))
+    for key, fragment in case.reasons.items():
+        assert fragment in tracker.params.get(key, ""), (key, tracker.params.get(key))
+    for decision in result.setup.decisions:  # every decision is logged, with a reason whenever it changed
+        assert tracker.params[f"opt.{decision.name}.effective"] is not None
+        if decision.changed:
+            assert tracker.params.get(f"opt.{decision.name}.reason"), decision
+    assert case.effect(result, cpu_device)
+    assert result.metrics["train/optimizer_steps"] == 3
+
+
+def test_support_checks_on_a_gpu_description():
+    """The pure support checks, on a described (not present) pre-Ampere GPU: bf16 falls back to fp16."""
+    from maxout.optimizations import attention, cudnn_benchmark, precision
+    from transformers import BertForSequenceClassification
+
+    turing = fake_cuda(name="Tesla T4", memory_gb=15, cc=(7, 5))
+    d = precision.resolve("bf16", turing)
+    assert (d.effective, "needs 8.0+" in d.reason, "GradScaler" in d.reason) == ("fp16", True, True)
+    assert tf32.supported(turing)[0] is False and "needs 8.0+" in tf32.supported(turing)[1]
+    assert cudnn_benchmark.supported(turing, deterministic=True) == (
+        False, "train.deterministic=true: benchmark picks kernels non-deterministically")
+    ampere = fake_cuda(flash=True)
+    assert attention.resolve("flash_attention_2", BertForSequenceClassification, ampere, "bf16").effective == \
+        "flash_attention_2"
+    assert "fp16/bf16 only" in attention.resolve("flash_attention_2", BertForSequenceClassification, ampere,
+                                                 "fp32").reason
+
+
+def test_clipping_bounds_the_gradient_norm_without_a_host_sync():
+    layer = torch.nn.Linear(8, 8)
+    (layer(torch.randn(4, 8)) * 1e3).sum().backward()
+    before = grad_clipping.apply(layer.parameters(), 1.0)
+    after = torch.norm(torch.stack([p.grad.norm() for p in layer.parameters()]))
+    assert isinstance(before, torch.Tensor) and before.item() > 1.0 and after.item() == pytest.approx(1.0, rel=1e-4)
