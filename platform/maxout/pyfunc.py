@@ -61,4 +61,4 @@ def log_model(model_dir: str, example: Optional[pd.DataFrame] = None) -> Any:
         signature = infer_signature(example, predictor.predict(example), params={"batch_size": 64})
     return mlflow.pyfunc.log_model(
         name="model", python_model=TextClassifier(), artifacts={"model": str(model_dir)},
-        code_paths=[str(PACKAGE_DIR)], signature=signature, pip_requirements=requirements())
+        code_paths=[str(PACKAGE_DIR)], signature=signature, input_example=example, pip_requirements=requirements())

@@ -1,0 +1,157 @@
+"""Real services on loopback for tests: a throwaway PostgreSQL cluster, an `mlflow server` process, and moto's
+S3-compatible HTTP server. Each picks a free port, so parallel test sessions do not collide.
+
+PostgreSQL is installed on these machines but not running; initdb refuses root, so the cluster is created and
+run as the ``postgres`` user in a directory it owns (see shared/platform-notes.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import pytest
+
+PG_BIN = Path("/usr/lib/postgresql")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float = 60.0, proc: Optional[subprocess.Popen] = None) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if requests.get(url, timeout=2).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {timeout_s}s")
+
+
+def _pg_bindir() -> Path:
+    versions = sorted(PG_BIN.glob("*/bin/initdb"))
+    if not versions:
+        pytest.fail("PostgreSQL is not installed (apt-get install postgresql): the tests need a real server")
+    return versions[-1].parent
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    """A fresh PostgreSQL cluster; yields a SQLAlchemy URL for database ``postgres`` (trust auth, loopback)."""
+    bindir = _pg_bindir()
+    root = Path(tempfile.mkdtemp(prefix="maxout-pg-"))
+    as_pg = ["su", "postgres", "-c"] if os.geteuid() == 0 else ["bash", "-c"]
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    port = free_port()
+    data, log = root / "data", root / "log"
+    subprocess.run([*as_pg, f"{bindir}/initdb -D {data} -A trust -U postgres"], check=True, capture_output=True)
+    subprocess.run([*as_pg, f"{bindir}/pg_ctl -D {data} -o '-p {port} -k {root} -c listen_addresses=127.0.0.1' "
+                            f"-l {log} -w start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_pg, f"{bindir}/pg_ctl -D {data} -m immediate stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def create_database(url: str, name: str) -> str:
+    """A new, empty database on the server of ``url``; returns its URL."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_uri: str, artifacts_destination: Optional[str] = None,
+                  extra_args: Sequence[str] = (), env: Optional[dict] = None,
+                  port: Optional[int] = None) -> Iterator[str]:
+    """``mlflow server`` as a real process; yields its http URL. With ``artifacts_destination`` artifacts are
+    proxied (clients need no storage credentials)."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    if artifacts_destination:
+        cmd += ["--artifacts-destination", artifacts_destination]
+    cmd += list(extra_args)
+    log = tempfile.NamedTemporaryFile(prefix="maxout-mlflow-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", timeout_s=90, proc=proc)
+        yield url
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    import signal
+
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "maxout-test-key", "AWS_SECRET_ACCESS_KEY": "maxout-test-secret",
+          "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@contextlib.contextmanager
+def moto_s3(bucket: str = "maxout") -> Iterator[str]:
+    """moto's S3-compatible HTTP server (what MLflow's own tests use), with ``bucket`` created; yields the
+    endpoint URL. The caller sets S3_ENV (dummy credentials) where it needs them."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        boto3.client("s3", endpoint_url=endpoint, **_boto_kwargs()).create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def _boto_kwargs() -> dict:
+    return {"aws_access_key_id": S3_ENV["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": S3_ENV["AWS_SECRET_ACCESS_KEY"],
+            "region_name": S3_ENV["AWS_DEFAULT_REGION"]}
+
+
+def s3_keys(endpoint: str, bucket: str) -> list[str]:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, **_boto_kwargs())
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    return keys

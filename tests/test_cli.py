@@ -1,0 +1,70 @@
+"""Bad input on the command line: one line on stderr naming the bad value and what is valid, a non-zero exit,
+and no MLflow run left behind (these all fail before a run starts)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from maxout import cli
+
+from .conftest import ROOT, runs_in
+
+TINY_LOCAL = ["model=tiny", "train.max_steps=1"]
+
+
+def bad_file(tmp_path, name, content: bytes):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return f"data.train_path={path}"
+
+
+FILES = ["data=files", "data.text_column=post", "data.text_pair_column=criterion"]
+CASES = {
+    "unknown_hardware": (["hardware=tpu9"], 2, r"unknown hardware 'tpu9' (valid hardware options: a100, auto, cpu"),
+    "unknown_model": (["model=gpt9"], 2, "unknown model 'gpt9' (valid model options: bert_base,"),
+    "unknown_key": (["train.learning_rate=1"], 2, "unknown config key 'train.learning_rate'"),
+    "missing_data_file": (["data.train_path=nope/train.csv"], 1, "data file not found: nope/train.csv"),
+    "missing_text_column": (FILES + [lambda p: bad_file(p, "t.csv", b"body,criterion,label\na,b,0\nc,d,1\n")], 1,
+                            "data.text_column='post' is not a column of"),
+    "missing_label_column": (FILES + [lambda p: bad_file(p, "t.csv", b"post,criterion,y\na,b,0\n")], 1,
+                             "data.label_column='label' is not a column of"),
+    "empty_dataset": (FILES + [lambda p: bad_file(p, "t.csv", b"post,criterion,label\n")], 1,
+                      "the training set must not be empty"),
+    "label_outside_set": (FILES + ["data.labels=[0,1]", lambda p: bad_file(p, "t.csv", b"post,criterion,label\na,b,0\nc,d,5\n")],
+                          1, "label '5' in"),
+    "non_utf8": (FILES + [lambda p: bad_file(p, "t.csv", "post,criterion,label\ncaf\xe9,b,0\nx,y,1\n".encode("latin-1"))],
+                 1, "is not valid UTF-8"),
+    "batch_size_zero": (["train.batch_size=0"], 2, "train.batch_size=0 is invalid: use a positive integer or 'auto'"),
+    "batch_size_negative": (["hardware.batch_size=-8"], 2, "hardware.batch_size=-8 is invalid"),
+    "gpu_profile_without_gpu": (["hardware=rtx4090"], 1, "hardware profile 'rtx4090' needs a CUDA GPU but none is visible"),
+    "missing_offline_model": (["model=bert_base", "model.name_or_path=nobody/no-such-model"], 1,
+                              "is not available offline"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_is_one_line_nonzero_and_leaves_no_run(name, tmp_path, mlflow_store, capsys):
+    overrides, code, message = CASES[name]
+    overrides = [o(tmp_path) if callable(o) else o for o in overrides]
+    assert cli.main(["train", *TINY_LOCAL, *mlflow_store["overrides"], *overrides]) == code
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("maxout: error: ") and "\n" not in err, err
+    assert message in err, err
+    assert all(r.info.status != "RUNNING" for r in runs_in(mlflow_store["uri"]))
+    assert runs_in(mlflow_store["uri"]) == []
+
+
+def test_python_dash_m_exits_with_the_code_and_one_line():
+    proc = subprocess.run([sys.executable, "-m", "maxout", "train", "hardware=nope"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "unknown hardware 'nope'" in proc.stderr
+
+
+def test_cfg_prints_the_resolved_config(capsys):
+    assert cli.main(["train", "model=tiny", "hardware.precision=fp32", "--cfg"]) == 0
+    out = capsys.readouterr().out
+    assert "precision: fp32" in out and "name: tiny" in out
