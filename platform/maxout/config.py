@@ -187,18 +187,58 @@ class TrackingConfig:
 
 
 @dataclass
+class RegistryConfig:
+    """Model registry (see registry.py). ``name`` None: nothing is registered."""
+
+    name: Optional[str] = None
+    metric: str = "eval/macro_f1"
+    direction: str = "maximize"
+
+    def validate(self) -> None:
+        _check(self.direction in ("maximize", "minimize"),
+               f"registry.direction={one_of(self.direction, ('maximize', 'minimize'))}")
+
+
+@dataclass
+class CheckpointConfig:
+    """Training checkpoints (see checkpointing.py)."""
+
+    every_n_steps: int = 0  # 0: only at epoch ends
+    keep_last: int = 2
+
+    def validate(self) -> None:
+        _check(self.every_n_steps >= 0, f"checkpoint.every_n_steps={self.every_n_steps} must be >= 0")
+        _check(self.keep_last >= 1, f"checkpoint.keep_last={self.keep_last} must be >= 1")
+
+
+@dataclass
+class BatchFinderConfig:
+    """The max-batch finder behind batch_size=auto (see batch_finder.py)."""
+
+    safety_margin: float = 0.9
+
+    def validate(self) -> None:
+        _check(0.0 < self.safety_margin <= 1.0, f"batch_finder.safety_margin={self.safety_margin} must be in (0, 1]")
+
+
+@dataclass
 class Config:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    batch_finder: BatchFinderConfig = field(default_factory=BatchFinderConfig)
     hpo: Optional[Any] = None  # the hpo/ group; null unless `maxout hpo` or hpo=... selects one
     debug: Optional[Any] = None
 
     def validate(self) -> "Config":
-        for section in (self.hardware, self.model, self.data, self.train, self.tracking):
-            section.validate()
+        for f in fields(self):
+            section = getattr(self, f.name)
+            if hasattr(section, "validate"):
+                section.validate()
         return self
 
     @property

@@ -51,7 +51,7 @@ def run_params(cfg: Config, setup: Setup) -> dict[str, str]:
     for decision in setup.decisions:
         params.update(decision.params())
     tree = to_dict(cfg)
-    for section in ("hardware", "model", "data", "train", "tracking"):
+    for section in ("hardware", "model", "data", "train", "tracking", "registry", "checkpoint", "batch_finder"):
         params.update(flatten(tree[section], f"cfg.{section}"))
     dev = setup.device
     params.update({"device.kind": dev.kind, "device.name": dev.name, "device.count": str(dev.count),
@@ -105,11 +105,13 @@ def log_model(setup: Setup, tracker: Any) -> Optional[str]:
 
 
 def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callback] = (), progress: bool = True,
-          device: Optional[hardware.DeviceInfo] = None, verbose: bool = True) -> TrainResult:
+          device: Optional[hardware.DeviceInfo] = None, verbose: bool = True,
+          dataset: Optional[data_mod.Dataset] = None) -> TrainResult:
     """Fine-tune per ``cfg``. With ``tracker=None`` a run is started and closed here; a tracker passed in (HPO's
-    nested child run) is logged to but left open for its owner to close."""
+    nested child run) is logged to but left open for its owner to close. ``dataset`` replaces loading
+    ``cfg.data`` (k-fold passes each fold's split)."""
     device = device or hardware.detect()
-    dataset = data_mod.load(cfg.data)  # validates files, columns and labels: no run exists yet
+    dataset = dataset or data_mod.load(cfg.data)  # validates files, columns and labels: no run exists yet
     tokenizer = modeling.load_tokenizer(cfg.model)  # a missing model fails here too
     if cfg.model.source != "config":
         modeling.weights_location(cfg.model)
