@@ -42,7 +42,9 @@ def env():
 @pytest.fixture(scope="module")
 def server(env, tmp_path_factory):
     root = tmp_path_factory.mktemp("registry-server")
-    with mlflow_server(f"sqlite:///{root / 'mlflow.db'}", artifacts_destination=str(root / "artifacts")) as url:
+    # No job executor (GenAI scoring, trace archival): its huey workers start ~40 s in and take ~12 s to stop.
+    with mlflow_server(f"sqlite:///{root / 'mlflow.db'}", artifacts_destination=str(root / "artifacts"),
+                       env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}) as url:
         yield url
 
 
