@@ -28,7 +28,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from . import config
+    from . import config, registry
     from .train import train
 
     cfg = config.load(split_overrides(args.overrides, args.overrides_string))
@@ -37,6 +37,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print(OmegaConf.to_yaml(config.to_dict(cfg)))
         return 0
+    if cfg.registry.name:  # registration is opt-in; its prerequisites are checked before training
+        from .train.evaluate import METRICS
+
+        registry.check_train(cfg, METRICS)
     result = train(cfg, progress=not args.no_progress)
     summary = {k: result.metrics.get(k) for k in ("eval/accuracy", "eval/macro_f1", "perf/samples_per_s",
                                                    "perf/steady_samples_per_s", "time/wall_s")}
@@ -44,6 +48,48 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.run_id:
         print(f"maxout: MLflow run {result.run_id}; browse it with `make ui` "
               f"(tracking URI: {_tracking_uri_for_display(cfg)})")
+    if cfg.registry.name:
+        print(f"maxout: {registry.register_train_result(cfg, result).summary()}")
+    return 0
+
+
+def _tracking_uri(args: argparse.Namespace) -> str:
+    from .config import TrackingConfig
+    from .tracking import resolve_uri
+
+    return args.tracking_uri or resolve_uri(TrackingConfig())[0]
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+    from .predict import predict_file
+
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size={args.batch_size} must be >= 1")
+    out = predict_file(args.model, args.input, _tracking_uri(args), args.output, args.batch_size,
+                       progress=not args.no_progress)
+    if args.output:
+        print(f"maxout: wrote {len(out)} predictions to {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_registry(args: argparse.Namespace) -> int:
+    from . import registry
+
+    client = registry.connect(_tracking_uri(args))
+    if args.action == "list":
+        table = list(registry.rows(client, args.name))
+        if table:
+            widths = {k: max(len(k), *(len(r[k]) for r in table)) for k in table[0]}
+            print("  ".join(k.ljust(w) for k, w in widths.items()).rstrip())
+            for row in table:
+                print("  ".join(row[k].ljust(w) for k, w in widths.items()).rstrip())
+        return 0
+    if args.action == "promote":
+        outcome = registry.promote(client, args.name, args.version)
+    else:
+        outcome = registry.rollback(client, args.name)
+    print(f"maxout: {args.name}@{registry.CHAMPION} -> v{outcome.champion_version} ({outcome.reason})")
     return 0
 
 
@@ -68,6 +114,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
+
+    tracking_uri = argparse.ArgumentParser(add_help=False)
+    tracking_uri.add_argument("--tracking-uri", default=None, metavar="URI",
+                              help="the MLflow store (default: MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db)")
+    p = sub.add_parser("predict", parents=[tracking_uri], help="label a CSV / JSONL file with a registered model")
+    p.add_argument("--model", required=True, metavar="URI", help="e.g. models:/NAME@champion, models:/NAME/3")
+    p.add_argument("--input", required=True, metavar="FILE", help=".csv, .tsv, .jsonl or .parquet with the "
+                                                                  "model's text column(s)")
+    p.add_argument("--output", default=None, metavar="FILE", help=".csv, .tsv, .jsonl or .parquet (default: "
+                                                                  "CSV on stdout)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("registry", help="list registered models; promote or roll back the champion")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser("list", parents=[tracking_uri], help="registered models, or one model's versions")
+    a.add_argument("name", nargs="?", default=None)
+    a = actions.add_parser("promote", parents=[tracking_uri], help="make VERSION the champion, by hand")
+    a.add_argument("name")
+    a.add_argument("version", type=int)
+    a = actions.add_parser("rollback", parents=[tracking_uri], help="champion back to the previous champion")
+    a.add_argument("name")
+    p.set_defaults(func=cmd_registry)
     return parser
 
 

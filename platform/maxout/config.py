@@ -192,13 +192,21 @@ class TrackingConfig:
 class RegistryConfig:
     """Model registry (see registry.py). ``name`` None: nothing is registered."""
 
-    name: Optional[str] = None
-    metric: str = "eval/macro_f1"
+    name: Optional[str] = None  # registered model name; set it to register after `maxout train` / `maxout hpo`
+    metric: str = "eval/macro_f1"  # champion only moves to a version that beats it on this metric
     direction: str = "maximize"
+    lock_timeout_s: float = 300.0  # how long a promoter waits for the promotion lock
+    lock_ttl_s: float = 120.0  # a lock ticket not refreshed for this long belongs to a dead process: broken
 
     def validate(self) -> None:
         _check(self.direction in ("maximize", "minimize"),
                f"registry.direction={one_of(self.direction, ('maximize', 'minimize'))}")
+        _check(self.lock_timeout_s > 0, f"registry.lock_timeout_s={self.lock_timeout_s} must be > 0")
+        _check(self.lock_ttl_s > 0, f"registry.lock_ttl_s={self.lock_ttl_s} must be > 0")
+        if self.name is not None:
+            from .registry import check_name
+
+            check_name(self.name)
 
 
 @dataclass

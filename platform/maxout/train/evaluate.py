@@ -13,6 +13,8 @@ import torch
 from ..data import MODEL_INPUTS
 from ..metrics import classification_metrics
 
+METRICS = ("eval/loss", "eval/accuracy", "eval/macro_f1")  # what evaluate() returns, in this order
+
 
 @torch.no_grad()
 def evaluate(s: Any) -> dict[str, float]:
@@ -31,4 +33,4 @@ def evaluate(s: Any) -> dict[str, float]:
     preds_t, labels_t = torch.cat(preds), torch.cat(labels)
     scores = classification_metrics(preds_t, labels_t, s.dataset.num_labels)
     values = torch.stack([loss_sum / labels_t.numel(), scores["accuracy"], scores["macro_f1"]]).tolist()  # one sync
-    return dict(zip(("eval/loss", "eval/accuracy", "eval/macro_f1"), values))
+    return dict(zip(METRICS, values))
