@@ -102,8 +102,10 @@ def mlflow_server(backend_uri: str, artifacts_destination: Optional[str] = None,
         cmd += ["--artifacts-destination", artifacts_destination]
     cmd += list(extra_args)
     log = tempfile.NamedTemporaryFile(prefix="maxout-mlflow-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            start_new_session=True)
+    # MLflow 3's server also starts a GenAI job runner (several huey worker processes): not needed here, and
+    # heavy on a 2-core machine.
+    server_env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url + "/health", timeout_s=90, proc=proc)

@@ -119,6 +119,7 @@ class DataConfig:
     max_length: int = 256
     padding: str = "dynamic"  # dynamic: pad each batch to its longest row | max_length: always max_length
     bucketing: bool = True  # group rows of similar length into batches (needs dynamic padding)
+    bucket_batches: int = 50  # batches sorted together per bucket: bigger pads less, smaller is more random
     pad_to_multiple_of: Any = "auto"  # auto: 8 on CUDA (tensor-core friendly shapes), none on CPU
 
     def validate(self) -> None:
@@ -128,6 +129,7 @@ class DataConfig:
         _check(0.0 < self.validation_split < 1.0,
                f"data.validation_split={self.validation_split} must be in (0, 1)")
         _check(8 <= self.max_length <= 8192, f"data.max_length={self.max_length} must be in [8, 8192]")
+        _check(self.bucket_batches >= 1, f"data.bucket_batches={self.bucket_batches} must be >= 1")
         _check(self.pad_to_multiple_of in ("auto", None) or (isinstance(self.pad_to_multiple_of, int)
                                                              and self.pad_to_multiple_of > 0),
                f"data.pad_to_multiple_of={self.pad_to_multiple_of!r}: use a positive integer, null or 'auto'")

@@ -1,8 +1,15 @@
 """Length bucketing: batches of similar-length rows, so dynamic padding pads little.
 
-Uses transformers' megabatch grouping (shuffle, cut into megabatches of 50 batches, sort each by length), which
-keeps batches random across the epoch while padding little within each; the longest batch comes first, so an
-out-of-memory shows at step one. The order is a pure function of (seed, epoch), so a resumed run replays it.
+Each epoch: shuffle the rows, cut them into buckets of ``bucket_batches`` batches, sort each bucket by length and
+cut it into batches, then shuffle the order of the batches (a length-sorted epoch would be a curriculum nobody asked
+for) and put the batch holding the longest row first, so an out-of-memory shows at step one.
+
+The bucket size is the trade-off: bigger buckets pad less, smaller ones keep batch composition more random.
+transformers' ``group_by_length`` sorts ``min(rows / (4 * batch), 50)`` batches together; on the demo (800 rows,
+batch 16) that is 12 batches and 85% real tokens, while 50 batches give 97%. Sorting is stable over the shuffled
+order, so rows of equal length still mix randomly from epoch to epoch.
+
+The order is a pure function of (seed, epoch), so a resumed run replays it exactly.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from typing import Iterator
 
 import torch
 
+DEFAULT_BUCKET_BATCHES = 50
+
 
 def supported(padding: str) -> tuple[bool, str]:
     if padding != "dynamic":
@@ -18,33 +27,50 @@ def supported(padding: str) -> tuple[bool, str]:
     return True, ""
 
 
-class EpochSampler(torch.utils.data.Sampler):
-    """Random order (or length-grouped order) that depends only on (seed, epoch)."""
+class EpochBatchSampler(torch.utils.data.Sampler):
+    """Yields batches of row indices: length-bucketed (``bucketing=True``) or plainly shuffled.
 
-    def __init__(self, lengths: list[int], batch_size: int, seed: int, bucketing: bool):
-        self.lengths, self.batch_size, self.seed, self.bucketing = lengths, batch_size, seed, bucketing
+    A batch sampler rather than a sampler: with shuffled batch order the one partial batch may come anywhere,
+    and a plain sampler's flat index list would then shift every later batch boundary.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int, bucketing: bool,
+                 bucket_batches: int = DEFAULT_BUCKET_BATCHES):
+        self.lengths, self.batch_size, self.seed = lengths, batch_size, seed
+        self.bucketing, self.bucket_batches = bucketing, bucket_batches
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def indices(self) -> list[int]:
+    def batches(self) -> list[list[int]]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        if self.bucketing:
-            from transformers.trainer_pt_utils import get_length_grouped_indices
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        if not self.bucketing:
+            return [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        span = self.bucket_batches * self.batch_size
+        sorted_batches: list[list[int]] = []
+        for start in range(0, len(order), span):
+            bucket = sorted(order[start:start + span], key=self.lengths.__getitem__, reverse=True)
+            sorted_batches += [bucket[i:i + self.batch_size] for i in range(0, len(bucket), self.batch_size)]
+        batches = [sorted_batches[i] for i in torch.randperm(len(sorted_batches), generator=generator).tolist()]
+        longest = max(range(len(batches)), key=lambda b: self.lengths[batches[b][0]])  # rows sorted: [0] is longest
+        batches[0], batches[longest] = batches[longest], batches[0]
+        return batches
 
-            return list(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
-        return torch.randperm(len(self.lengths), generator=generator).tolist()
+    def indices(self) -> list[int]:
+        return [i for batch in self.batches() for i in batch]
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices())
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches())
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return -(-len(self.lengths) // self.batch_size)
 
 
-def apply(lengths: list[int], batch_size: int, seed: int, enabled: bool = True) -> EpochSampler:
-    return EpochSampler(lengths, batch_size, seed, bucketing=enabled)
+def apply(lengths: list[int], batch_size: int, seed: int, enabled: bool = True,
+          bucket_batches: int = DEFAULT_BUCKET_BATCHES) -> EpochBatchSampler:
+    return EpochBatchSampler(lengths, batch_size, seed, bucketing=enabled, bucket_batches=bucket_batches)
 
 
 def padding_efficiency(lengths: list[int], batch_size: int, order: list[int]) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -45,11 +45,11 @@ def resolve(hw: Any, device: Any) -> tuple[LoaderSettings, list[Decision]]:
     return settings, [d_workers, d_pin, d_persist, d_prefetch]
 
 
-def apply(dataset: Any, sampler: Any, batch_size: int, collate: Callable, settings: LoaderSettings,
-          drop_last: bool = False) -> torch.utils.data.DataLoader:
+def apply(dataset: Any, batches: Iterable[list[int]], collate: Callable, settings: LoaderSettings
+          ) -> torch.utils.data.DataLoader:
+    """``batches``: a batch sampler (or any iterable of index lists) deciding which rows form each batch."""
     extra = {}
     if settings.num_workers > 0:
         extra = {"persistent_workers": settings.persistent_workers, "prefetch_factor": settings.prefetch_factor}
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
-                                       num_workers=settings.num_workers, pin_memory=settings.pin_memory,
-                                       drop_last=drop_last, **extra)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate,
+                                       num_workers=settings.num_workers, pin_memory=settings.pin_memory, **extra)

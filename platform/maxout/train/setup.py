@@ -37,7 +37,7 @@ class Setup:
     precision: precision_opt.Precision
     train_loader: torch.utils.data.DataLoader
     eval_loader: torch.utils.data.DataLoader
-    sampler: bucketing.EpochSampler
+    sampler: bucketing.EpochBatchSampler
     micro_batch: int
     accum_steps: int
     clip_norm: float  # 0: no clipping
@@ -107,7 +107,7 @@ def build_model(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, toke
 
 
 def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-                  micro_batch: int) -> tuple[Any, Any, bucketing.EpochSampler, list[Decision]]:
+                  micro_batch: int) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
     dc = cfg.data
     train_enc = data_mod.encode(tokenizer, dataset.train, dc.max_length)
     eval_enc = data_mod.encode(tokenizer, dataset.validation, dc.max_length)
@@ -117,11 +117,13 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     collate = data_mod.Collator(tokenizer.pad_token_id, dc.max_length if dc.padding == "max_length" else None,
                                 multiple)
     settings, d_loader = dataloader.resolve(cfg.hardware, device)
-    sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective)
-    train_loader = dataloader.apply(train_enc, sampler, micro_batch, collate, settings)
+    sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
+                              dc.bucket_batches)
+    train_loader = dataloader.apply(train_enc, sampler, collate, settings)
     # Evaluation: no gradients, so twice the batch fits; rows in length order pad least (order is irrelevant).
     eval_order = sorted(range(len(eval_enc)), key=eval_enc.lengths.__getitem__)
-    eval_loader = dataloader.apply(eval_enc, eval_order, micro_batch * 2, collate, settings)
+    eval_batches = [eval_order[i:i + 2 * micro_batch] for i in range(0, len(eval_order), 2 * micro_batch)]
+    eval_loader = dataloader.apply(eval_enc, eval_batches, collate, settings)
     return train_loader, eval_loader, sampler, d_loader + [d_bucket, d_pad]
 
 
