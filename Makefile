@@ -7,8 +7,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
+IMAGE ?= maxout:latest
+COMPOSE := docker compose --env-file docker/.env -f docker/compose.yaml
 
-.PHONY: install run test test-fast ui clean
+.PHONY: install run test test-fast ui clean lint image platform-up platform-down
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +38,28 @@ test-fast: install
 ui: install
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root ./mlruns/artifacts \
 	  --host 127.0.0.1 --port 5000
+
+## lint: hadolint on every Dockerfile (settings in .hadolint.yaml; CI runs this before the tests)
+lint: install
+	$(BIN)/hadolint docker/Dockerfile docker/services.Dockerfile
+
+## image: the CUDA training image that MLproject's docker_env names (`mlflow run .` runs its commands in it)
+image:
+	docker build -f docker/Dockerfile -t $(IMAGE) .
+
+## platform-up: the MLflow server (PostgreSQL, MinIO artifacts, basic auth) and optuna-dashboard, from docker/.env
+platform-up: docker/.env
+	@if grep -q change-me docker/.env; then \
+	  echo "docker/.env still has change-me values: set real passwords first" >&2; exit 1; fi
+	$(COMPOSE) up -d --build
+	@echo "MLflow http://127.0.0.1:5000, optuna-dashboard :8080, MinIO console :9001 (ports and logins: docker/.env)"
+
+## platform-down: stop the stack; the data stays in its volumes (add -v by hand to delete them)
+platform-down: docker/.env
+	$(COMPOSE) down
+
+docker/.env:
+	@echo "docker/.env is missing: cp docker/.env.example docker/.env and replace every change-me value" >&2; exit 1
 
 clean:
 	rm -rf $(VENV) mlruns .pytest_cache

@@ -53,20 +53,26 @@ def _pg_bindir() -> Path:
 
 
 @contextlib.contextmanager
-def postgres() -> Iterator[str]:
-    """A fresh PostgreSQL cluster; yields a SQLAlchemy URL for database ``postgres`` (trust auth, loopback)."""
+def postgres(password: Optional[str] = None) -> Iterator[str]:
+    """A fresh PostgreSQL cluster; yields a SQLAlchemy URL for database ``postgres`` (loopback). Trust auth, or
+    with ``password``: TCP logins must give it (scram-sha-256), as on a real server."""
     bindir = _pg_bindir()
     root = Path(tempfile.mkdtemp(prefix="maxout-pg-"))
     as_pg = ["su", "postgres", "-c"] if os.geteuid() == 0 else ["bash", "-c"]
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
     port = free_port()
     data, log = root / "data", root / "log"
-    subprocess.run([*as_pg, f"{bindir}/initdb -D {data} -A trust -U postgres"], check=True, capture_output=True)
+    auth = "-A trust"
+    if password:
+        (root / "pw").write_text(password)
+        auth = f"--auth-local=trust --auth-host=scram-sha-256 --pwfile={root / 'pw'}"
+    if os.geteuid() == 0:
+        for path in (root, *root.iterdir()):
+            shutil.chown(path, "postgres", "postgres")
+    subprocess.run([*as_pg, f"{bindir}/initdb -D {data} {auth} -U postgres"], check=True, capture_output=True)
     subprocess.run([*as_pg, f"{bindir}/pg_ctl -D {data} -o '-p {port} -k {root} -c listen_addresses=127.0.0.1' "
                             f"-l {log} -w start"], check=True, capture_output=True)
     try:
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+        yield f"postgresql+psycopg2://postgres{':' + password if password else ''}@127.0.0.1:{port}/postgres"
     finally:
         subprocess.run([*as_pg, f"{bindir}/pg_ctl -D {data} -m immediate stop"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)

@@ -126,17 +126,23 @@ class MLflowTracker:
         self.nested = nested
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
-        self._params = dict(self.client.get_run(run_id).data.params)  # e.g. what `mlflow run` already logged
+        run = self.client.get_run(run_id)
+        self.artifact_uri = run.info.artifact_uri
+        self._params = dict(run.data.params)  # e.g. what `mlflow run` already logged
 
     @classmethod
     def start(cls, cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
               nested: bool = False, system_metrics: Optional[bool] = None) -> "MLflowTracker":
         import mlflow
 
+        from . import preflight
+
         uri, artifact_location = resolve_uri(cfg)
         check_reachable(uri)
         if cfg.s3_endpoint_url:
             os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
+        if not nested:  # a nested run's parent already passed these
+            preflight.check_credentials(uri)
         mlflow.set_tracking_uri(uri)
         experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID") if not nested else None
         if not experiment_id:
@@ -144,6 +150,8 @@ class MLflowTracker:
             experiment = mlflow.get_experiment_by_name(name)
             experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(
                 name, artifact_location=artifact_location)
+        if not nested:
+            preflight.check_artifact_store(uri, mlflow.get_experiment(experiment_id).artifact_location)
         use_system = cfg.system_metrics if system_metrics is None else system_metrics
         if use_system:
             mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
@@ -190,15 +198,17 @@ class MLflowTracker:
         self.client.log_batch(self.run_id, tags=[RunTag(k, redact(v)[:5000]) for k, v in tags.items()])
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
-        self.client.log_dict(self.run_id, data, artifact_file)
+        with _storing(self):
+            self.client.log_dict(self.run_id, data, artifact_file)
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
-        self.client.log_artifact(self.run_id, local_path, artifact_path)
+        with _storing(self):
+            self.client.log_artifact(self.run_id, local_path, artifact_path)
 
     def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
         from . import pyfunc
 
-        with _active(self.run_id):
+        with _active(self.run_id), _storing(self):
             info = pyfunc.log_model(model_dir, signature_example)
         self.set_tags({"maxout.model_uri": info.model_uri})
         return info.model_uri
@@ -217,6 +227,22 @@ class MLflowTracker:
                 mlflow.end_run(status=status)
             else:
                 self.client.set_terminated(self.run_id, status=status)
+
+
+@contextlib.contextmanager
+def _storing(tracker: "MLflowTracker") -> Iterator[None]:
+    """An artifact upload that fails mid-run (bucket gone, S3 endpoint down, server error) becomes one line
+    naming the run and where its artifacts go; the run itself is then ended FAILED by closing()."""
+    import requests
+    from botocore.exceptions import BotoCoreError, ClientError
+    from boto3.exceptions import Boto3Error
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except (MlflowException, Boto3Error, BotoCoreError, ClientError, requests.RequestException) as err:
+        raise MaxoutError(f"storing artifacts of run {tracker.run_id} at {redact(tracker.artifact_uri)} failed: "
+                          f"{redact(err)}"[:1000]) from err
 
 
 @contextlib.contextmanager

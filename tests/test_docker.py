@@ -1,0 +1,173 @@
+"""The container side, read as text: no Docker engine runs on these machines, so the images cannot be built here.
+These checks hold the Dockerfiles, compose.yaml, MLproject and the Makefile to each other and to the lock;
+tests/test_platform.py runs what they describe as real processes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+
+from .conftest import ROOT
+from .stack import COMPOSE_FILE, SECRET_WORDS, env_example, load_compose, option, referenced_variables, service
+
+TRAINER = ROOT / "docker" / "Dockerfile"
+SERVICES = ROOT / "docker" / "services.Dockerfile"
+
+
+def stages(path) -> list[list[dict]]:
+    """The Dockerfile's instructions, split at each FROM."""
+    out: list[list[dict]] = []
+    for item in DockerfileParser(str(path)).structure:
+        if item["instruction"] == "FROM":
+            out.append([])
+        if out and item["instruction"] != "COMMENT":
+            out[-1].append(item)
+    return out
+
+
+def instructions(stage: list[dict], name: str) -> list[str]:
+    return [i["value"] for i in stage if i["instruction"] == name]
+
+
+def pinned(package: str) -> str:
+    lock = (ROOT / "constraints.txt").read_text()
+    return re.search(rf"^{re.escape(package)}==(\S+)$", lock, re.M | re.I).group(1)
+
+
+def test_training_image_is_multistage_on_a_cuda_cudnn_runtime_with_only_the_venv_copied():
+    builder, runtime = stages(TRAINER)
+    base = instructions(runtime, "FROM")[0]
+    assert re.match(r"nvidia/cuda:[\d.]+-cudnn-runtime-ubuntu[\d.]+ AS runtime$", base), base
+    # The builder runs on the base's Ubuntu release, so the venv's interpreter path exists at run time.
+    assert instructions(builder, "FROM")[0].split()[0] == "ubuntu:" + base.split("-ubuntu")[1].split()[0]
+    assert instructions(runtime, "COPY") == ["--from=builder /opt/venv /opt/venv", "projects ./projects"]
+    runtime_apt = " ".join(instructions(runtime, "RUN"))
+    assert "build-essential" in " ".join(instructions(builder, "RUN")) and "build-essential" not in runtime_apt
+    assert "pip install" not in runtime_apt  # nothing is built or downloaded at run time
+
+
+def test_training_image_pins_the_locked_cuda_torch_and_installs_the_project_from_the_lock():
+    builder, _ = stages(TRAINER)
+    args = dict(a.split("=", 1) for a in instructions(builder, "ARG"))
+    assert args["TORCH_VERSION"] == pinned("torch")  # the same pin the Makefile and CI install
+    assert re.fullmatch(r"cu\d+", args["TORCH_CUDA"])
+    installs = [r for r in instructions(builder, "RUN") if "pip install" in r]
+    assert len(installs) == 2 and all("-c constraints.txt" in r for r in installs)
+    assert "download.pytorch.org/whl/${TORCH_CUDA}" in installs[0] and '"torch==${TORCH_VERSION}+${TORCH_CUDA}"' in installs[0]
+    assert installs[1].rstrip().endswith("pip install -c constraints.txt .")
+    make_torch = re.search(r"^TORCH_VERSION \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert make_torch == pinned("torch")
+
+
+def test_training_image_runs_the_mlproject_command_as_is_as_a_non_root_user_offline():
+    _, runtime = stages(TRAINER)
+    parser = DockerfileParser(str(TRAINER))
+    assert parser.envs["HF_HUB_OFFLINE"] == "1"
+    assert instructions(runtime, "WORKDIR") == ["/app"]  # the project root: projects/ lives here
+    user = instructions(runtime, "USER")[-1]
+    assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), user  # numeric and not root
+    assert instructions(runtime, "ENTRYPOINT") == []  # `mlflow run` appends its command to `docker run IMAGE`
+    assert instructions(runtime, "HEALTHCHECK") == ["NONE"]  # a batch job: its exit code is its health
+    assert "/opt/venv/bin" in parser.envs["PATH"].split(":")
+
+
+def test_services_image_uses_the_lock_runs_unprivileged_and_checks_its_health():
+    (only,) = stages(SERVICES)
+    (install,) = [r for r in instructions(only, "RUN") if "pip install" in r]
+    assert "-c /tmp/constraints.txt" in install and '"mlflow[auth]"' in install and "optuna-dashboard" in install
+    assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", instructions(only, "USER")[-1])
+    assert "/health" in instructions(only, "HEALTHCHECK")[0]
+
+
+@pytest.mark.parametrize("path", [TRAINER, SERVICES], ids=lambda p: p.name)
+def test_no_image_bakes_in_a_credential(path):
+    for stage in stages(path):
+        for item in stage:
+            if item["instruction"] in ("ENV", "ARG", "LABEL"):
+                names = re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)=", item["value"])
+                assert not [n for n in names if any(w in n.upper() for w in SECRET_WORDS)], item["value"]
+
+
+def test_hadolint_ignores_only_what_a_comment_explains():
+    """`make lint` is the linter run; this guards its configuration: no global ignores, and each inline ignore
+    sits under a comment that names the rule."""
+    config = yaml.safe_load((ROOT / ".hadolint.yaml").read_text())
+    assert not config.get("ignored") and config["failure-threshold"] == "info"
+    for path in (TRAINER, SERVICES):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("# hadolint ignore="):
+                for rule in line.split("=", 1)[1].split(","):
+                    explained = "\n".join(lines[max(0, i - 6):i])
+                    assert rule in explained, f"{path.name}:{i + 1}: {rule} is ignored without a reason"
+
+
+def test_dockerignore_sends_only_what_the_images_copy():
+    rules = [r for r in (ROOT / ".dockerignore").read_text().splitlines() if r and not r.startswith("#")]
+    assert rules[0] == "*"  # allow-list: .venv, mlruns, .git and env files never reach the builder
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = set()
+    for path in (TRAINER, SERVICES):
+        for stage in stages(path):
+            for value in instructions(stage, "COPY"):
+                if not value.startswith("--from"):
+                    copied.update(p.rstrip("/") for p in value.split()[:-1])
+    assert copied <= allowed, copied - allowed
+    assert "**/.env" in rules
+
+
+def test_mlproject_uses_the_image_make_builds_and_forwards_no_secret_by_value():
+    from mlflow.projects._project_spec import load_project
+
+    project = load_project(str(ROOT))
+    built = subprocess.run(["make", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert re.search(r"docker build -f docker/Dockerfile -t (\S+) \.", built).group(1) == project.docker_env["image"]
+    forwarded = project.docker_env["environment"]
+    assert "AWS_DEFAULT_REGION" in forwarded  # MLflow never forwards it by itself
+    # Listed names travel as `-e NAME=value` on the docker command line, which `mlflow run` logs: no secrets.
+    assert not [n for n in forwarded if any(w in n for w in ("PASSWORD", "SECRET"))]
+
+
+def test_compose_stack_wiring():
+    compose = load_compose()
+    svc = compose["services"]
+    settings = env_example()
+    # PostgreSQL keeps its data in a volume and says when it is ready; the other services wait for that.
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in svc["postgres"]["volumes"])
+    assert "pg_isready" in " ".join(svc["postgres"]["healthcheck"]["test"])
+    assert svc["mlflow"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert svc["mlflow"]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+    # The tracking server: PostgreSQL backend, proxied artifacts in the bucket minio-init creates, basic auth,
+    # and the compose service name among the allowed Host headers.
+    command = service(compose, "mlflow", settings)["command"]
+    assert command[:2] == ["mlflow", "server"]
+    assert option(command, "--backend-store-uri").startswith("postgresql+psycopg2://maxout@postgres:5432/")
+    destination = option(command, "--artifacts-destination")
+    bucket = destination.removeprefix("s3://").split("/")[0]
+    assert destination.startswith("s3://") and "--no-serve-artifacts" not in command
+    assert f"mc mb --ignore-existing stack/{bucket}\n" in svc["minio-init"]["command"][0]
+    assert svc["minio-init"]["image"].startswith("minio/mc:")
+    assert option(command, "--app-name") == "basic-auth"
+    assert "mlflow" in option(command, "--allowed-hosts").split(",")
+    # optuna-dashboard reads the optuna database that postgres-init.sql creates, on the same server.
+    dashboard = service(compose, "optuna-dashboard", settings)["command"]
+    assert dashboard[0] == "optuna-dashboard" and dashboard[-1] == "postgresql+psycopg2://maxout@postgres:5432/optuna"
+    assert "CREATE DATABASE optuna;" in (ROOT / "docker" / "postgres-init.sql").read_text()
+
+
+def test_compose_takes_every_secret_from_the_env_file_and_the_example_covers_every_variable():
+    text = COMPOSE_FILE.read_text()
+    assert referenced_variables(text) <= set(env_example())  # docker/.env.example documents each one
+    for name, spec in load_compose()["services"].items():
+        for key, value in spec.get("environment", {}).items():
+            if any(w in key for w in SECRET_WORDS):
+                assert re.fullmatch(r"\$\{[A-Z0-9_]+(:\?[^}]*)?\}", str(value)), f"{name}.{key} is not from docker/.env"
+        assert not any(any(w in str(part) for w in ("PASSWORD=", "SECRET=")) for part in spec.get("command") or [])
+    ignored = subprocess.run(["git", "check-ignore", "-q", "docker/.env"], cwd=ROOT).returncode == 0
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "docker/.env.example"], cwd=ROOT,
+                             capture_output=True).returncode == 0
+    assert ignored and tracked
