@@ -25,8 +25,8 @@ def supported(device: Any) -> tuple[bool, str]:
 
         if not has_triton():
             return False, "triton is not installed: inductor cannot generate GPU kernels"
-    elif not device.compiler:
-        return False, "no C compiler (cc/gcc) on PATH: inductor's CPU backend needs one"
+    if not device.compiler:  # CPU kernels are C++; on CUDA, triton builds its kernel launcher with it too
+        return False, "no C compiler (cc/gcc) on PATH: inductor needs one (apt-get install gcc)"
     return True, ""
 
 
