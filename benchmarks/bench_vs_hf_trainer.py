@@ -10,7 +10,9 @@ the same rows:
 - maxout: its defaults for the device (`hardware=auto`), with the micro-batch and precision given here.
 - Trainer, best flags: the same precision (bf16 where supported), `train_sampling_strategy="group_by_length"`,
   fused AdamW (`optim="adamw_torch_fused"`), `torch_compile` when maxout compiles, dynamic padding
-  (DataCollatorWithPadding), no evaluation, no checkpoints, no reporting.
+  (DataCollatorWithPadding), no evaluation, no checkpoints, no reporting. Its model gets transformers' default
+  attention (sdpa); `--trainer-attention same` gives it the implementation maxout's profile picked instead (the CPU
+  profile picks eager, measured faster there), which separates that choice from the rest of the gap.
 - Trainer, defaults: `TrainingArguments` defaults (fp32, random batches, fused AdamW since transformers 5), the
   same collator and batch size.
 
@@ -47,10 +49,11 @@ def maxout_run(args) -> dict:
     m = result.metrics
     return {"samples_per_s": m["perf/steady_samples_per_s"], "samples": m["train/samples"],
             "padding_efficiency": m["perf/padding_efficiency"],
-            "precision": result.setup.decision("precision").effective, "profile": cfg.hardware.name}
+            "precision": result.setup.decision("precision").effective, "profile": cfg.hardware.name,
+            "attention": result.setup.decision("attention").effective}
 
 
-def trainer_run(args, best: bool, precision: str) -> dict:
+def trainer_run(args, best: bool, precision: str, attention: str) -> dict:
     from transformers import (AutoModelForSequenceClassification, DataCollatorWithPadding, Trainer,
                               TrainerCallback, TrainingArguments)
     from transformers.utils import logging as hf_logging
@@ -65,7 +68,7 @@ def trainer_run(args, best: bool, precision: str) -> dict:
     rows = [{**{k: enc[k][i] for k in enc.keys()}, "labels": ds.train.labels[i]} for i in range(len(ds.train))]
     torch.manual_seed(42)
     model_cfg = modeling.build_config(cfg.model, ds.label_names, len(tok))
-    model = modeling.load_model(cfg.model, model_cfg, "sdpa")
+    model = modeling.load_model(cfg.model, model_cfg, attention)
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -92,7 +95,7 @@ def trainer_run(args, best: bool, precision: str) -> dict:
     samples_after = len(rows) - args.batch * args.warmup
     seconds = clock.marks[-1] - clock.marks[args.warmup - 1]
     return {"samples_per_s": samples_after / seconds, "samples": len(rows), "steps": steps,
-            "precision": precision if best else "fp32", "flags": {k: v for k, v in flags.items()
+            "precision": precision if best else "fp32", "attention": attention, "flags": {k: v for k, v in flags.items()
                                                                   if k not in ("output_dir",)}}
 
 
@@ -104,6 +107,9 @@ def main() -> None:
                                                              "maxout's device check made of it")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--trainer-attention", choices=("default", "same"), default="default",
+                        help="default: the Trainer's model gets transformers' default attention (sdpa); same: it gets "
+                             "the implementation maxout's profile picked, to separate that choice from the rest")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "vs_hf_trainer.json"))
     args = parser.parse_args()
     os.chdir(ROOT)
@@ -112,10 +118,11 @@ def main() -> None:
     first = maxout_run(args)
     results["maxout"].append(first)
     precision = first["precision"]
-    order = [("trainer_best", lambda: trainer_run(args, True, precision)),
-             ("trainer_default", lambda: trainer_run(args, False, precision)),
-             ("trainer_default", lambda: trainer_run(args, False, precision)),
-             ("trainer_best", lambda: trainer_run(args, True, precision)),
+    attention = first["attention"] if args.trainer_attention == "same" else "sdpa"
+    order = [("trainer_best", lambda: trainer_run(args, True, precision, attention)),
+             ("trainer_default", lambda: trainer_run(args, False, precision, attention)),
+             ("trainer_default", lambda: trainer_run(args, False, precision, attention)),
+             ("trainer_best", lambda: trainer_run(args, True, precision, attention)),
              ("maxout", lambda: maxout_run(args))]
     for name, run in order:
         results[name].append(run())
@@ -126,7 +133,8 @@ def main() -> None:
         "date": date.today().isoformat(), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available()
         else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
         "torch": torch.__version__, "model": args.model, "batch": args.batch, "precision": precision,
-        "compile": args.compile, "samples_per_s": mean, "runs": results,
+        "compile": args.compile, "attention": {"maxout": first["attention"], "trainer": attention},
+        "samples_per_s": mean, "runs": results,
         "ratio_vs_trainer_best": mean["maxout"] / mean["trainer_best"],
         "ratio_vs_trainer_default": mean["maxout"] / mean["trainer_default"],
         "ratios_per_order": {
@@ -138,7 +146,7 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
-    print(json.dumps({k: report[k] for k in ("device", "precision", "compile", "samples_per_s",
+    print(json.dumps({k: report[k] for k in ("device", "precision", "compile", "attention", "samples_per_s",
                                              "ratio_vs_trainer_best", "ratio_vs_trainer_default",
                                              "ratios_per_order")}, indent=2))
 
