@@ -83,6 +83,28 @@ class OutOfMemoryAt(Callback):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
 
 
+def dashboard_shows(storage: str, study_name: str) -> bool:
+    """`optuna-dashboard <storage>` (the command the README gives) serves the study from the same storage."""
+    import os
+    import subprocess
+    import sys
+
+    import requests
+
+    from .services import stop, wait_http
+
+    port = free_port()
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "optuna-dashboard"), storage,
+                             "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/api/studies", timeout_s=60, proc=proc)
+        studies = requests.get(f"http://127.0.0.1:{port}/api/studies", timeout=10).json()["study_summaries"]
+        return study_name in {s["study_name"] for s in studies}
+    finally:
+        stop(proc)
+
+
 def children_of(runs, parent_id):
     return [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_id]
 
@@ -154,6 +176,8 @@ def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow
         a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
     table = mlflow.artifacts.load_text(f"{parent.info.artifact_uri}/trials.csv").splitlines()
     assert len(table) == 5  # header + 4 trials
+
+    assert dashboard_shows(str(mlflow_store["dir"] / "optuna.journal"), name)
 
     # The registry hook got the best trial, with the model that trial logged (hpo.log_models=best).
     assert len(handed_over) == 1 and handed_over[0].run_id == best_run.info.run_id
@@ -323,3 +347,4 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
                    if r.data.tags.get("maxout.command") == "hpo"}
         assert parents[str(a.pid)].info.status == "KILLED" and parents[str(b.pid)].info.status == "FINISHED"
         assert parents[str(b.pid)].data.metrics["hpo/trials_failed"] == 1
+        assert dashboard_shows(optuna_url, "shared")

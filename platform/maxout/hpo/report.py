@@ -56,9 +56,12 @@ def plots(study: Any, out: Path) -> dict[str, str]:
 
     matplotlib.use("Agg")  # headless: workers have no display
     import matplotlib.pyplot as plt
+    import optuna
     from optuna.visualization import matplotlib as vis
 
     skipped: dict[str, str] = {}
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # "no completed trials" warnings: skipped.json says it
     for name in PLOTS:
         try:
             with warnings.catch_warnings():
@@ -69,6 +72,7 @@ def plots(study: Any, out: Path) -> dict[str, str]:
             plt.close(figure)
         except Exception as err:  # too few trials for importances, no intermediate values, ...
             skipped[name] = (str(err).splitlines() or [type(err).__name__])[0][:300]
+    optuna.logging.set_verbosity(verbosity)
     return skipped
 
 
