@@ -348,3 +348,24 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
         assert parents[str(a.pid)].info.status == "KILLED" and parents[str(b.pid)].info.status == "FINISHED"
         assert parents[str(b.pid)].data.metrics["hpo/trials_failed"] == 1
         assert dashboard_shows(optuna_url, "shared")
+
+
+def test_sampled_values_become_overrides_that_compose_the_trial_config(cpu_device):
+    from maxout.hpo import search_space
+
+    base = ["hardware=cpu", "model=tiny", "hpo=default", "~hpo.search_space.model.dropout",
+            "+hpo.search_space.hardware.precision={type:categorical,choices:[bf16,fp32]}",
+            "+hpo.search_space.hardware.compile={type:categorical,choices:[true,false]}",
+            "+hpo.search_space.train.max_steps={type:int,low:4,high:32,log:true}"]
+    cfg = config.load(base, device=cpu_device)
+    specs = search_space.load(cfg.hpo.search_space, cfg)
+    assert {s.key for s in specs} == {"train.lr", "train.weight_decay", "train.warmup_ratio", "train.max_steps",
+                                      "train.target_effective_batch", "hardware.precision", "hardware.compile"}
+    # (the model section, emptied by ~hpo.search_space.model.dropout, is no error)
+    values = {"train.lr": 1.5e-05, "train.weight_decay": 0.0, "train.warmup_ratio": 0.1,
+              "train.target_effective_batch": 32, "hardware.precision": "fp32", "hardware.compile": True,
+              "train.max_steps": 7}
+    trial = config.load(base + search_space.overrides(values), device=cpu_device)
+    assert (trial.train.lr, trial.train.target_effective_batch, trial.hardware.precision, trial.hardware.compile,
+            trial.train.max_steps) == (1.5e-05, 32, "fp32", True, 7)
+    assert trial.hardware.name == "cpu"  # the sampled hardware.* keys apply on top of the profile

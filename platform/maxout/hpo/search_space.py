@@ -107,7 +107,7 @@ def parse(tree: Any, prefix: str = "") -> list[ParamSpec]:
         key = f"{prefix}.{name}" if prefix else str(name)
         if isinstance(value, dict) and "type" in value:
             specs.append(_leaf(key, value))
-        elif isinstance(value, dict) and value:
+        elif isinstance(value, dict):  # a section; empty once its last key was removed (~hpo.search_space.x.y)
             specs.extend(parse(value, key))
         else:
             _fail(key, f"expected a distribution like {{type: float, low: 1e-5, high: 1e-3}}, got {value!r}")

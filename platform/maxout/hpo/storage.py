@@ -63,6 +63,9 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
                 heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg))
     except Exception as err:  # sqlalchemy's OperationalError / ArgumentError, a missing driver, ...
         first = (str(err).splitlines() or [type(err).__name__])[0]
+        if "import" in first.lower():  # SQLAlchemy 2.1 maps postgresql:// to psycopg 3, which is not installed
+            raise MaxoutError(f"no database driver for {tracking.redact(where)} ({first}); for PostgreSQL use "
+                              f"postgresql+psycopg2://user:password@host:5432/db") from None
         raise MaxoutError(f"HPO storage unreachable at {tracking.redact(where)} ({tracking.redact(first)}); "
                           f"check hpo.storage / MAXOUT_HPO_STORAGE, or use hpo.storage=null for a local "
                           f"journal file") from None
