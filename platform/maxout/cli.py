@@ -93,6 +93,25 @@ def cmd_registry(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hpo(args: argparse.Namespace) -> int:
+    from .hpo.study import run
+
+    overrides = split_overrides(args.overrides, args.overrides_string)
+    if not any(o.lstrip("+").startswith("hpo=") for o in overrides):
+        overrides.insert(0, "hpo=default")
+    result = run(overrides, progress=not args.no_progress)
+    counts = " ".join(f"{k.split('/')[1]}={int(v)}" for k, v in result.counts.items() if k.startswith("hpo/trials"))
+    print(f"maxout: study {result.study_name!r}: {counts}, compute saved by pruning "
+          f"{result.counts.get('hpo/compute_saved', 0.0):.0%}")
+    if result.best is not None:
+        print(f"maxout: best trial {result.best.number}: {result.best.metric}={result.best.value:.4g} "
+              + " ".join(f"{k}={v}" for k, v in result.best.params.items()))
+    if result.parent_run_id:
+        print(f"maxout: MLflow parent run {result.parent_run_id}; browse it with `make ui`")
+    print(f"maxout: dashboard: optuna-dashboard {result.storage}")
+    return 0
+
+
 def _tracking_uri_for_display(cfg: object) -> str:
     from .tracking import redact, resolve_uri
 
@@ -138,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     a = actions.add_parser("rollback", parents=[tracking_uri], help="champion back to the previous champion")
     a.add_argument("name")
     p.set_defaults(func=cmd_registry)
+
+    p = sub.add_parser("hpo", help="hyper-parameter search: an Optuna study as nested MLflow runs (hpo=default)")
+    _add_overrides(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar per trial")
+    p.set_defaults(func=cmd_hpo)
     return parser
 
 

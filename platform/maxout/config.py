@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from .errors import ConfigError, one_of
+from .hpo.settings import HpoConfig
 
 CONF_DIR = Path(__file__).parent / "conf"
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -241,7 +243,7 @@ class Config:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     batch_finder: BatchFinderConfig = field(default_factory=BatchFinderConfig)
-    hpo: Optional[Any] = None  # the hpo/ group; null unless `maxout hpo` or hpo=... selects one
+    hpo: Optional[HpoConfig] = None  # the hpo/ group; null unless `maxout hpo` or hpo=... selects one
     debug: Optional[Any] = None
 
     def validate(self) -> "Config":
@@ -303,7 +305,7 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Any:
         key = re.search(r"Could not override '([^']+)'", first)
         if key:
             raise ConfigError(f"unknown config key {key.group(1)!r} in the overrides; "
-                              f"valid keys under '{key.group(1).split('.')[0]}': "
+                              f"valid keys under '{key.group(1).rsplit('.', 1)[0]}': "
                               f"{', '.join(_valid_keys(key.group(1)))}") from None
         merging = re.match(r"Error merging override (\S+?)=(.*)", first)
         if merging and err.__cause__ is not None:
@@ -321,12 +323,33 @@ def _register_schema() -> None:
     ConfigStore.instance().store(name="maxout_schema", node=Config)
 
 
+def _dataclass_in(hint: Any) -> Optional[type]:
+    """The dataclass behind a field's type hint, also when Optional (the hpo section is null unless selected)."""
+    return next((t for t in (hint, *typing.get_args(hint)) if is_dataclass(t)), None)
+
+
 def _valid_keys(dotted: str) -> list[str]:
-    section = dotted.split(".")[0]
-    for f in fields(Config):
-        if f.name == section and hasattr(f.default_factory, "__dataclass_fields__"):
-            return [g.name for g in fields(f.default_factory)]
-    return [f.name for f in fields(Config)]
+    """The keys valid next to the last part of ``dotted`` (``train.x`` -> TrainConfig's fields)."""
+    cls: Optional[type] = Config
+    for part in dotted.split(".")[:-1]:
+        sub = _dataclass_in(typing.get_type_hints(cls).get(part))
+        if sub is None:
+            break
+        cls = sub
+    return [f.name for f in fields(cls)]
+
+
+def _unknown_key(prefix: str, node: Any, cls: type) -> Optional[str]:
+    """The first key of ``node`` (recursively) that the dataclass ``cls`` does not declare."""
+    hints = typing.get_type_hints(cls)
+    for key in node.keys():
+        if key not in hints:
+            return f"{prefix}.{key}"
+        sub, value = _dataclass_in(hints[key]), node.get(key)
+        found = _unknown_key(f"{prefix}.{key}", value, sub) if sub and hasattr(value, "keys") else None
+        if found:
+            return found
+    return None
 
 
 def to_typed(raw: Any) -> Config:
@@ -336,12 +359,11 @@ def to_typed(raw: Any) -> Config:
 
     for f in fields(Config):  # `+section.key=...` force-adds past the schema; to_object would drop it silently
         section = raw.get(f.name)
-        if hasattr(f.default_factory, "__dataclass_fields__") and section is not None:
-            known = {g.name for g in fields(f.default_factory)}
-            extra = sorted(set(section.keys()) - known)
-            if extra:
-                raise ConfigError(f"unknown config key '{f.name}.{extra[0]}'; valid keys under '{f.name}': "
-                                  f"{', '.join(_valid_keys(f.name))}")
+        cls = _dataclass_in(typing.get_type_hints(Config)[f.name])
+        extra = _unknown_key(f.name, section, cls) if cls and section is not None else None
+        if extra:
+            raise ConfigError(f"unknown config key '{extra}'; valid keys under '{extra.rsplit('.', 1)[0]}': "
+                              f"{', '.join(_valid_keys(extra))}")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
         return OmegaConf.to_object(merged).validate()

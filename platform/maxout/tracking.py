@@ -144,12 +144,11 @@ class MLflowTracker:
         if not nested:  # a nested run's parent already passed these
             preflight.check_credentials(uri)
         mlflow.set_tracking_uri(uri)
-        experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID") if not nested else None
+        parent = mlflow.active_run() if nested else None  # a nested run lives in its parent's experiment
+        experiment_id = parent.info.experiment_id if parent else os.environ.get("MLFLOW_EXPERIMENT_ID")
         if not experiment_id:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment_name
-            experiment = mlflow.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(
-                name, artifact_location=artifact_location)
+            experiment_id = _experiment_id(name, artifact_location)
         if not nested:
             preflight.check_artifact_store(uri, mlflow.get_experiment(experiment_id).artifact_location)
         use_system = cfg.system_metrics if system_metrics is None else system_metrics
@@ -227,6 +226,22 @@ class MLflowTracker:
                 mlflow.end_run(status=status)
             else:
                 self.client.set_terminated(self.run_id, status=status)
+
+
+def _experiment_id(name: str, artifact_location: Optional[str]) -> str:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment:
+        return experiment.experiment_id
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:  # created meanwhile by another process (parallel HPO workers start together)
+        experiment = mlflow.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
 
 
 @contextlib.contextmanager

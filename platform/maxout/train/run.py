@@ -104,6 +104,17 @@ def log_model(setup: Setup, tracker: Any) -> Optional[str]:
         return tracker.log_model(tmp, example)
 
 
+def prepare(cfg: Config, dataset: Optional[data_mod.Dataset] = None) -> tuple[data_mod.Dataset, Any]:
+    """Check everything that can be wrong with the input before any run starts: data files, columns and labels,
+    model availability, batch size. Returns the dataset and the tokenizer. (HPO calls this once per study.)"""
+    dataset = dataset or data_mod.load(cfg.data)
+    tokenizer = modeling.load_tokenizer(cfg.model)  # a missing model fails here too
+    if cfg.model.source != "config":
+        modeling.weights_location(cfg.model)
+    resolve_micro_batch(cfg)
+    return dataset, tokenizer
+
+
 def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callback] = (), progress: bool = True,
           device: Optional[hardware.DeviceInfo] = None, verbose: bool = True,
           dataset: Optional[data_mod.Dataset] = None) -> TrainResult:
@@ -111,11 +122,7 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
     nested child run) is logged to but left open for its owner to close. ``dataset`` replaces loading
     ``cfg.data`` (k-fold passes each fold's split)."""
     device = device or hardware.detect()
-    dataset = dataset or data_mod.load(cfg.data)  # validates files, columns and labels: no run exists yet
-    tokenizer = modeling.load_tokenizer(cfg.model)  # a missing model fails here too
-    if cfg.model.source != "config":
-        modeling.weights_location(cfg.model)
-    resolve_micro_batch(cfg)
+    dataset, tokenizer = prepare(cfg, dataset)  # no run exists yet
     owned = tracker is None
     if owned:
         tracker = tracking.start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",

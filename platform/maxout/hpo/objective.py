@@ -1,0 +1,220 @@
+"""One Optuna trial = one nested MLflow child run under the study's parent run.
+
+Sampled values become Hydra overrides on top of the user's -> ``config.load`` -> ``train(cfg, tracker=child)``.
+The trial reports its metric after each epoch (k_folds=1; step = epochs done) or after each fold (k_folds>1;
+step = folds done, value = the running mean over the folds so far), and a pruned trial stops at once. With k
+folds each fold trains in its own run nested under the trial's run, which carries the per-fold and mean scores.
+
+The child run ends FINISHED for COMPLETE and PRUNED trials and FAILED for failed ones (KILLED on Ctrl-C /
+SIGTERM), tagged ``maxout.hpo.state``. Out of memory prunes the trial with the reason and the study goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+import socket
+import statistics
+import sys
+import warnings
+from typing import Any, Optional, Sequence
+
+from .. import config, tracking
+from ..data import Dataset
+from ..optimizations.compile import compile_seconds
+from ..train import Callback, TrainState, train
+from ..train.run import log_model
+from . import search_space
+from .settings import HpoConfig
+
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    import torch
+
+    return isinstance(err, torch.OutOfMemoryError) or (isinstance(err, RuntimeError)
+                                                       and "out of memory" in str(err).lower())
+
+
+def free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def with_log_model(cfg: Any, log_model: bool) -> Any:
+    return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, log_model=log_model))
+
+
+def cache_counts() -> dict[str, int]:
+    """TorchInductor's cumulative FX-graph cache hits and misses in this process."""
+    from torch._dynamo.utils import counters
+
+    return {k: int(counters["inductor"][k]) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+
+
+def frozen(trial: Any) -> Any:
+    """The stored view of a running trial (a live Trial does not expose its system attributes)."""
+    return next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+
+
+class TrialReporter(Callback):
+    """Counts the epochs a trial trains; with ``report_epochs`` reports the metric at each epoch end and stops
+    training at once (raises TrialPruned) when the pruner says so."""
+
+    def __init__(self, trial: Any, metric: str, tracker: Any, report_epochs: bool):
+        self.trial, self.metric, self.tracker, self.report_epochs = trial, metric, tracker, report_epochs
+        self.epochs = 0  # over all train() calls of this trial (folds)
+        self.epochs_per_run: Optional[int] = None  # what one train() call plans, known at its first epoch end
+        self._compile_start = 0.0
+        self._run_epochs = 0
+
+    def on_train_start(self, state: TrainState) -> None:
+        self._compile_start, self._cache_start, self._run_epochs = compile_seconds(), cache_counts(), 0
+
+    def compile_metrics(self) -> dict[str, float]:
+        """This run's FX-graph cache hits and misses (whether the shared compile cache paid off)."""
+        now = cache_counts()
+        return {f"compile/{k}": float(now[k] - self._cache_start[k]) for k in now}
+
+    def on_train_end(self, state: TrainState) -> None:
+        self.tracker.log_metrics(self.compile_metrics(), step=state.step)
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        import optuna
+
+        self.epochs += 1
+        self._run_epochs += 1
+        if self.epochs_per_run is None:  # max_steps may end training before train.epochs
+            self.epochs_per_run = math.ceil(state.total_steps / max(state.step, 1))
+        if not self.report_epochs:
+            return
+        value = state.eval_metrics[self.metric]
+        self.trial.report(value, step=self._run_epochs)
+        if state.step < state.total_steps and self.trial.should_prune():  # at the end, pruning saves nothing
+            # train() logs compile time only when it completes; a pruned trial carries it too.
+            self.tracker.log_metrics({"time/compile_s": compile_seconds() - self._compile_start,
+                                      **self.compile_metrics()}, step=state.step)
+            raise optuna.TrialPruned(f"pruned at epoch {self._run_epochs}: {self.metric}={value:.4f}")
+
+
+class Objective:
+    def __init__(self, overrides: Sequence[str], specs: list, hpo: HpoConfig, dataset: Dataset,
+                 folds: Optional[list[Dataset]], device: Any, parent_run_id: Optional[str],
+                 retried_by_heartbeat: bool, callbacks: Sequence[Callback] = (), progress: bool = False):
+        self.overrides, self.specs, self.hpo = list(overrides), specs, hpo
+        self.dataset, self.folds, self.device = dataset, folds, device
+        self.parent_run_id, self.retried_by_heartbeat = parent_run_id, retried_by_heartbeat
+        self.callbacks, self.progress = list(callbacks), progress
+
+    def __call__(self, trial: Any) -> float:
+        import optuna
+        from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+        values = search_space.suggest(trial, self.specs)
+        cfg = config.load(self.overrides + search_space.overrides(values), device=self.device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen(trial))
+        tags = {"maxout.command": "hpo-trial", "maxout.hpo.study": trial.study.study_name,
+                "maxout.hpo.trial_number": trial.number, "maxout.hpo.state": "RUNNING",
+                "maxout.hardware_profile": cfg.hardware.name, "maxout.model": cfg.model.name,
+                "maxout.data": cfg.data.name, **({"maxout.hpo.retry_of": retry_of} if retry_of is not None else {})}
+        child = tracking.start(cfg.tracking, run_name=f"trial-{trial.number}", tags=tags, nested=True,
+                               system_metrics=cfg.tracking.system_metrics)  # the parent samples none
+        reporter = TrialReporter(trial, self.hpo.metric, child, report_epochs=self.folds is None)
+        state, status, reason, fail_in_storage = "FAIL", "FAILED", "", False
+        try:
+            trial.set_user_attr("worker", WORKER)
+            if child.run_id:
+                trial.set_user_attr("mlflow_run_id", child.run_id)
+                trial.set_user_attr("mlflow_parent_run_id", self.parent_run_id)
+            child.log_params({f"hpo.{key}": value for key, value in values.items()})
+            value = self._folds(trial, cfg, child, reporter) if self.folds else self._single(trial, cfg, child,
+                                                                                              reporter)
+            child.log_metrics({"hpo/objective": value})
+            state, status = "COMPLETE", "FINISHED"
+            return value
+        except optuna.TrialPruned as err:
+            state, status, reason = "PRUNED", "FINISHED", str(err)
+            raise
+        except KeyboardInterrupt:  # Optuna marks the trial FAIL and stops the study
+            status, reason = "KILLED", "interrupted"
+            raise
+        except tracking.Terminated:  # SIGTERM: Optuna does not catch it, so the trial would stay RUNNING
+            status, reason = "KILLED", "terminated (SIGTERM)"
+            fail_in_storage = not self.retried_by_heartbeat  # with heartbeats it goes stale and is re-queued
+            raise
+        except Exception as err:
+            if not is_out_of_memory(err):
+                reason = f"{type(err).__name__}: {err}"[:2000]
+                raise
+            free_memory()
+            state, status = "PRUNED", "FINISHED"
+            reason = f"out of memory: {str(err).splitlines()[0][:500] if str(err) else type(err).__name__}"
+            trial.set_user_attr("pruned_reason", reason)
+            raise optuna.TrialPruned(reason) from None
+        finally:
+            planned = (reporter.epochs_per_run or cfg.train.epochs) * (len(self.folds) if self.folds else 1)
+            trial.set_user_attr("epochs_run", reporter.epochs)
+            trial.set_user_attr("epochs_planned", planned)
+            child.log_metrics({"hpo/epochs_run": reporter.epochs, "hpo/epochs_planned": planned})
+            child.set_tags({"maxout.hpo.state": state, **({"maxout.hpo.reason": reason} if reason else {})})
+            child.close(status, reason=reason if status != "FINISHED" else "")
+            if fail_in_storage:
+                trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            print(f"maxout: trial {trial.number} {state} after {reporter.epochs}/{planned} epochs"
+                  + (f" ({reason})" if reason else ""), file=sys.stderr)
+
+    def _train(self, cfg: Any, tracker: Any, reporter: TrialReporter, dataset: Dataset) -> Any:
+        return train(cfg, tracker=tracker, callbacks=[reporter, *self.callbacks], progress=self.progress,
+                     device=self.device, verbose=False, dataset=dataset)
+
+    def _single(self, trial: Any, cfg: Any, child: Any, reporter: TrialReporter) -> float:
+        wanted, every = cfg.tracking.log_model, self.hpo.log_models == "all"  # tracking.log_model=false wins
+        result = self._train(with_log_model(cfg, wanted and every), child, reporter, self.dataset)
+        value = result.metrics[self.hpo.metric]
+        model_uri = result.model_uri
+        if wanted and self.hpo.log_models == "best" and self._beats_best(trial, value):
+            model_uri = log_model(result.setup, child)
+        if model_uri:
+            trial.set_user_attr("model_uri", model_uri)
+        return value
+
+    def _beats_best(self, trial: Any, value: float) -> bool:
+        try:
+            best = trial.study.best_value
+        except ValueError:  # no complete trial yet
+            return True
+        return value > best if self.hpo.direction == "maximize" else value < best
+
+    def _folds(self, trial: Any, cfg: Any, child: Any, reporter: TrialReporter) -> float:
+        """k-fold: each fold is a run nested under the trial's; no model is logged (a fold's model is not the
+        one to deploy)."""
+        import optuna
+
+        metric, k = self.hpo.metric, len(self.folds)
+        fold_cfg = with_log_model(cfg, False)
+        scores: list[float] = []
+        for i, fold in enumerate(self.folds, 1):
+            run = tracking.start(fold_cfg.tracking, run_name=f"trial-{trial.number}-fold-{i}", nested=True,
+                                 system_metrics=False,
+                                 tags={"maxout.command": "hpo-fold", "maxout.hpo.study": trial.study.study_name,
+                                       "maxout.hpo.trial_number": trial.number, "maxout.hpo.fold": i})
+            with tracking.closing(run):
+                result = self._train(fold_cfg, run, reporter, fold)
+            if i == 1:  # what every fold shares (optimizations, config, device) also goes on the trial's run
+                child.log_params({k_: v for k_, v in result.params.items() if not k_.startswith("derived.")})
+            scores.append(result.metrics[metric])
+            mean = statistics.fmean(scores)
+            child.log_metrics({f"fold/{metric}": scores[-1], f"cv/{metric}": mean}, step=i)
+            trial.report(mean, step=i)
+            if i < k and trial.should_prune():  # after the last fold, pruning would save nothing
+                raise optuna.TrialPruned(f"pruned after fold {i}/{k}: mean {metric}={mean:.4f}")
+        child.log_metrics({metric: statistics.fmean(scores), f"cv/{metric}_std": statistics.pstdev(scores)})
+        return statistics.fmean(scores)

@@ -1,0 +1,121 @@
+"""Where a study lives, and what happens to the trials of a worker that dies.
+
+- ``hpo.storage: null``: an Optuna journal file beside the local MLflow store (one machine; any number of
+  processes may share it, the file is locked per write).
+- an RDB URL (``postgresql+psycopg2://...``): shared by workers on many machines. Running trials send heartbeats;
+  when a worker is killed, the next trial any other worker starts finds the stale trial, fails it, re-queues it
+  with the same params (RetryHeartbeatStaleTrialCallback), and ends the dead worker's MLflow runs as KILLED.
+
+``optuna-dashboard <storage>`` opens the same storage (the journal file path, or the URL).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import tracking
+from ..config import TrackingConfig, project_root
+from ..errors import MaxoutError
+from .settings import HpoConfig
+
+CONNECT_TIMEOUT_S = 5  # an unreachable database fails in seconds, not after driver-default minutes
+
+
+def store_dir(tracking_cfg: TrackingConfig) -> Path:
+    """Beside the local MLflow store: the SQLite file's folder, else <project root>/mlruns."""
+    uri, _ = tracking.resolve_uri(tracking_cfg)
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):]).parent
+    return project_root() / "mlruns"
+
+
+def is_url(storage: str) -> bool:
+    return "://" in storage
+
+
+def location(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> str:
+    """The storage as given to optuna-dashboard: a journal file path or an RDB URL."""
+    return hpo.storage or str(store_dir(tracking_cfg) / "optuna.journal")
+
+
+def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
+    """The Optuna storage, connected (an unreachable database fails here, in seconds, with a one-line error)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    where = location(hpo, tracking_cfg)
+    if not is_url(where):
+        path = Path(where).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}  # a worker outlives idle database connections
+    if where.startswith(("postgresql", "mysql")):
+        engine_kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    try:
+        with warnings.catch_warnings():  # heartbeats are marked experimental; they are what makes retries work
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                where, engine_kwargs=engine_kwargs, heartbeat_interval=hpo.heartbeat_interval_s,
+                grace_period=hpo.grace_period_s,
+                heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg))
+    except Exception as err:  # sqlalchemy's OperationalError / ArgumentError, a missing driver, ...
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        if "import" in first.lower():  # SQLAlchemy 2.1 maps postgresql:// to psycopg 3, which is not installed
+            raise MaxoutError(f"no database driver for {tracking.redact(where)} ({first}); for PostgreSQL use "
+                              f"postgresql+psycopg2://user:password@host:5432/db") from None
+        raise MaxoutError(f"HPO storage unreachable at {tracking.redact(where)} ({tracking.redact(first)}); "
+                          f"check hpo.storage / MAXOUT_HPO_STORAGE, or use hpo.storage=null for a local "
+                          f"journal file") from None
+
+
+def heartbeats(storage: Any) -> bool:
+    """Whether a killed worker's trial is found and retried (RDB storage with heartbeats)."""
+    return getattr(storage, "heartbeat_interval", None) is not None
+
+
+class RetryLostTrial:
+    """Heartbeat-stale trial (its worker died or lost the database): re-queue it with the same params, and end
+    the MLflow runs that worker left RUNNING (the trial's child, its fold runs, the worker's parent) as KILLED."""
+
+    def __init__(self, max_retry: Optional[int], tracking_cfg: TrackingConfig):
+        import optuna
+        from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        self.tracking_cfg = tracking_cfg
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        self.retry(study, trial)
+        run_id = trial.user_attrs.get("mlflow_run_id")
+        if self.tracking_cfg.backend == "mlflow" and run_id:
+            end_lost_runs(self.tracking_cfg, run_id, trial.user_attrs.get("mlflow_parent_run_id"),
+                          f"worker {trial.user_attrs.get('worker', '?')} lost: no heartbeat for more than the grace "
+                          f"period; trial {trial.number} re-queued with the same params")
+
+
+def end_lost_runs(tracking_cfg: TrackingConfig, run_id: str, parent_run_id: Optional[str], reason: str) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking.resolve_uri(tracking_cfg)[0])
+    run = client.get_run(run_id)
+    folds = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    for lost in [run, *folds]:
+        if lost.info.status == "RUNNING":
+            client.set_tag(lost.info.run_id, "maxout.status_reason", reason)
+            client.set_terminated(lost.info.run_id, "KILLED")
+    client.set_tag(run_id, "maxout.hpo.state", "FAIL")
+    if parent_run_id and client.get_run(parent_run_id).info.status == "RUNNING":
+        client.set_tag(parent_run_id, "maxout.status_reason", reason)
+        client.set_terminated(parent_run_id, "KILLED")
+
+
+def compile_cache(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> str:
+    """Point TorchInductor's on-disk FX graph cache at a persistent folder shared by every trial (and worker on
+    this machine), before anything compiles. A TORCHINDUCTOR_CACHE_DIR set by the user wins."""
+    wanted = hpo.compile_cache_dir or str(store_dir(tracking_cfg) / "compile_cache")
+    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(wanted).expanduser().resolve()))

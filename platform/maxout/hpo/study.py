@@ -1,0 +1,185 @@
+"""``run(overrides)``: one worker's share of an Optuna study, as one parent MLflow run with a nested child per
+trial. The CLI (``maxout hpo``), benchmarks and tests call this.
+
+Everything that can be wrong (config, search space, data, model, storage, an existing study with another
+direction) is checked before the parent run starts, so bad input leaves no run behind. Then:
+
+    parent run (no system metrics: children sample them, both levels would sample twice)
+      study.optimize(Objective)            one nested child run per trial (objective.py)
+      until the study has hpo.n_trials finished trials (all workers together) or hpo.timeout_s passed
+      report.log(...)                      counts, compute saved, best, trials.csv, plots
+      promote_best_trial(cfg, best)        the model-registry hook
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from .. import config, hardware, tracking
+from ..config import Config
+from ..errors import ConfigError
+from ..train import Callback
+from ..train.run import flatten, prepare
+from . import report, search_space, storage as storage_mod
+from .folds import kfold
+from .objective import WORKER, Objective
+from .report import BestTrial
+from .settings import HpoConfig
+
+# Attributes that define what a study's values mean: a worker that disagrees must not join it.
+STUDY_ATTRS = ("metric", "k_folds")
+
+
+@dataclass
+class StudyResult:
+    study_name: str
+    storage: str  # redacted: journal path or RDB URL
+    parent_run_id: Optional[str]
+    best: Optional[BestTrial]
+    counts: dict = field(default_factory=dict)
+
+
+def promote_best_trial(cfg: Config, best: BestTrial) -> None:
+    """MODEL-REGISTRY HOOK (issue 4 wires it at merge): called once per study invocation, after the parent run
+    got its summary, with the study's best complete trial: ``best.run_id`` (its MLflow child run),
+    ``best.model_uri`` (None with k-fold, hpo.log_models=none or tracking=none), ``best.metric``,
+    ``best.value``, ``best.direction``, ``best.params``. Registering and promoting belongs here."""
+
+
+def build_sampler(hpo: HpoConfig) -> Any:
+    import optuna
+
+    if hpo.sampler.name == "random":
+        return optuna.samplers.RandomSampler(seed=hpo.sampler.seed)
+    return optuna.samplers.TPESampler(seed=hpo.sampler.seed, n_startup_trials=hpo.sampler.n_startup_trials)
+
+
+def max_resource(hpo: HpoConfig, epochs: int) -> int:
+    """Hyperband's resource is what a trial reports after: epochs, or folds in k-fold mode."""
+    return hpo.pruner.max_resource or (hpo.k_folds if hpo.k_folds > 1 else epochs)
+
+
+def build_pruner(hpo: HpoConfig, epochs: int) -> Any:
+    """HyperbandPruner wrapped in PatientPruner (patience null: Hyperband alone; name none: never prune)."""
+    import optuna
+
+    p = hpo.pruner
+    if p.name == "none":
+        return optuna.pruners.NopPruner()
+    top = max_resource(hpo, epochs)
+    if p.min_resource > top:
+        unit = "hpo.k_folds" if hpo.k_folds > 1 else "train.epochs"
+        raise ConfigError(f"hpo.pruner.min_resource={p.min_resource} is more than the {top} "
+                          f"{unit.split('.')[1]} a trial runs ({unit}): no trial could ever be pruned")
+    hyperband = optuna.pruners.HyperbandPruner(min_resource=p.min_resource, max_resource=top,
+                                               reduction_factor=p.reduction_factor,
+                                               bootstrap_count=p.bootstrap_count)
+    if p.patience is None:
+        return hyperband
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.pruners.PatientPruner(hyperband, patience=p.patience, min_delta=p.min_delta)
+
+
+def open_study(hpo: HpoConfig, storage: Any, where: str, sampler: Any = None, pruner: Any = None) -> Any:
+    """Create the study, or join it when it exists (another worker, an earlier invocation). Joining a study
+    that optimizes in the other direction, or another metric or fold count, is an error."""
+    import optuna
+
+    wanted = {"metric": hpo.metric, "k_folds": hpo.k_folds}
+    try:
+        study_id = storage.get_study_id_from_name(hpo.study_name)
+    except KeyError:
+        study_id = None
+    if study_id is not None:
+        direction = storage.get_study_directions(study_id)[0].name.lower()
+        if direction != hpo.direction:
+            raise ConfigError(f"study {hpo.study_name!r} in {tracking.redact(where)} already exists with "
+                              f"direction={direction}, not {hpo.direction}: use hpo.direction={direction} to join "
+                              f"it, or another hpo.study_name")
+        attrs = storage.get_study_user_attrs(study_id)
+        for key in STUDY_ATTRS:
+            if key in attrs and attrs[key] != wanted[key]:
+                raise ConfigError(f"study {hpo.study_name!r} already exists with hpo.{key}={attrs[key]}, not "
+                                  f"{wanted[key]}: its values would not compare; use another hpo.study_name")
+    study = optuna.create_study(study_name=hpo.study_name, storage=storage, sampler=sampler, pruner=pruner,
+                                direction=hpo.direction, load_if_exists=True)
+    for key in STUDY_ATTRS:
+        if key not in study.user_attrs:
+            study.set_user_attr(key, wanted[key])
+    return study
+
+
+def finished(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def optimize(study: Any, objective: Objective, hpo: HpoConfig) -> None:
+    """Run trials until the STUDY has hpo.n_trials finished ones (counting every worker's), or the timeout.
+    Several workers may overshoot by up to one trial each (the ones still running when the count is reached)."""
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    callbacks = []
+    if hpo.n_trials is not None:
+        if finished(study) >= hpo.n_trials:
+            print(f"maxout: study {study.study_name!r} already has {finished(study)} finished trials "
+                  f"(hpo.n_trials={hpo.n_trials}): nothing to run; raise hpo.n_trials or use another "
+                  f"hpo.study_name", file=sys.stderr)
+            return
+        callbacks.append(MaxTrialsCallback(hpo.n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    study.optimize(objective, timeout=hpo.timeout_s, callbacks=callbacks, gc_after_trial=True)
+
+
+def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Optional[Any] = None,
+        on_best: Callable[[Config, BestTrial], None] = promote_best_trial, progress: bool = False) -> StudyResult:
+    """One worker on the study named by ``hpo.study_name`` (``overrides`` must select an hpo config, e.g.
+    ``hpo=default``). ``callbacks`` are added to every trial's training (tests inject failures with them)."""
+    import optuna
+
+    device = device or hardware.detect()
+    overrides = list(overrides)
+    cfg = config.load(overrides, device=device)
+    if cfg.hpo is None:
+        raise ConfigError("no hpo config selected: add hpo=default (maxout hpo adds it unless hpo=... is given)")
+    hpo = cfg.hpo
+    specs = search_space.load(hpo.search_space, cfg)
+    dataset, _ = prepare(cfg)  # data files, columns, labels, model availability
+    folds = kfold(dataset, hpo.k_folds, hpo.fold_seed) if hpo.k_folds > 1 else None
+    pruner = build_pruner(hpo, cfg.train.epochs)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # maxout prints one line per trial instead
+    where = storage_mod.location(hpo, cfg.tracking)
+    storage = storage_mod.open_storage(hpo, cfg.tracking)
+    study = open_study(hpo, storage, where, build_sampler(hpo), pruner)
+    cache = storage_mod.compile_cache(hpo, cfg.tracking)
+
+    parent = tracking.start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False,
+                            tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name,
+                                  "maxout.hpo.storage": where, "maxout.hpo.worker": WORKER,
+                                  "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+    with tracking.closing(parent):
+        tree = config.to_dict(cfg)
+        params = {k: v for section in tree if section not in ("hpo", "debug")
+                  for k, v in flatten(tree[section], f"cfg.{section}").items()}
+        params.update(flatten({k: v for k, v in tree["hpo"].items() if k != "search_space"}, "hpo"))
+        params.update({f"hpo.search_space.{k}": v for k, v in search_space.describe(specs).items()})
+        params.update({"hpo.storage": where, "hpo.compile_cache_dir": cache,
+                       "hpo.pruner.max_resource": max_resource(hpo, cfg.train.epochs)})
+        parent.log_params(params)
+        parent.log_dict(tree, "config.yaml")
+        print(f"maxout: study {hpo.study_name!r} in {tracking.redact(where)}: {finished(study)} finished trials; "
+              f"{len(specs)} hyper-parameters, k_folds={hpo.k_folds}", file=sys.stderr)
+        objective = Objective(overrides, specs, hpo, dataset, folds, device, parent.run_id,
+                              storage_mod.heartbeats(storage), callbacks, progress)
+        try:
+            optimize(study, objective, hpo)
+        finally:  # the summary also lands on a study that stopped on a failed trial
+            best, summary = report.log(parent, study, hpo.metric, hpo.direction)
+        if best is not None:
+            on_best(cfg, best)
+    return StudyResult(hpo.study_name, tracking.redact(where), parent.run_id, best, summary)

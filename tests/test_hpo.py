@@ -1,0 +1,371 @@
+"""HPO end to end: Optuna studies as nested MLflow runs on the tiny model (CPU), fold-level pruning, and the
+pruner chain; bad input fails before any run starts. The PostgreSQL worker test is in test_hpo_workers.py."""
+
+from __future__ import annotations
+
+import binascii
+import math
+
+import mlflow
+import pytest
+import torch
+
+from maxout import cli, config
+from maxout.hpo import study as hpo_study
+from maxout.train import Callback
+
+from .conftest import runs_in
+from .services import free_port
+
+# 48 training / 32 validation rows of the demo task: 3 optimizer steps per epoch at batch 16.
+BASE = ["hardware=cpu", "model=tiny", "hpo=default", "train.log_every=1", "hpo.sampler.seed=7"]
+
+# The pruner settings that make pruning certain, whatever the (tiny, random) model scores: Hyperband with
+# min_resource=1, max_resource=3, reduction_factor=3 has two brackets. Bracket 0 decides at step 1, and with
+# bootstrap_count=1 the first trial to reach that rung is pruned (no competitor has finished it yet). Bracket 1
+# decides first at step 3, the last one, where maxout never prunes: its trials always complete. PatientPruner
+# is off, because it only asks Hyperband after a drop in the metric.
+FORCED = ["hpo.pruner.min_resource=1", "hpo.pruner.max_resource=3", "hpo.pruner.reduction_factor=3",
+          "hpo.pruner.bootstrap_count=1", "hpo.pruner.patience=null"]
+
+
+def bracket(study_name: str, number: int) -> int:
+    """Hyperband's bracket for trial ``number``: crc32("<study>_<number>") modulo the total trial budget of the
+    brackets (optuna/pruners/_hyperband.py); with the settings above the budgets are 3 (bracket 0) and 2."""
+    return 0 if binascii.crc32(f"{study_name}_{number}".encode()) % 5 < 3 else 1
+
+
+def study_name_where(*brackets_by_trial: set) -> str:
+    """A study name whose trial i falls into one of the brackets brackets_by_trial[i]."""
+    for i in range(10_000):
+        name = f"study-{i}"
+        if all(bracket(name, n) in allowed for n, allowed in enumerate(brackets_by_trial)):
+            return name
+    raise AssertionError("no such study name")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """On the shared 2-core runner, OpenMP threads spinning against other processes made tiny-model steps ~10x
+    slower; one thread keeps these tests short. Nothing asserted depends on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def small_data(tmp_path):
+    from maxout.data import read_table
+
+    train = read_table("projects/nli_demo/data/train.csv").head(48)
+    val = read_table("projects/nli_demo/data/validation.csv").head(32)
+    train.to_csv(tmp_path / "train.csv", index=False)
+    val.to_csv(tmp_path / "val.csv", index=False)
+    return [f"data.train_path={tmp_path / 'train.csv'}", f"data.validation_path={tmp_path / 'val.csv'}"]
+
+
+def store_overrides(store) -> list[str]:
+    return [*store["overrides"], f"hpo.storage={store['dir'] / 'optuna.journal'}"]
+
+
+class OutOfMemoryAt(Callback):
+    """Raises CUDA's out-of-memory error at the first step of the n-th training run (0-based)."""
+
+    def __init__(self, n: int):
+        self.n, self.runs = n, -1
+
+    def on_train_start(self, state):
+        self.runs += 1
+
+    def on_step_end(self, state):
+        if self.runs == self.n:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+
+
+def dashboard_shows(storage: str, study_name: str) -> bool:
+    """`optuna-dashboard <storage>` (the command the README gives) serves the study from the same storage."""
+    import os
+    import subprocess
+    import sys
+
+    import requests
+
+    from .services import stop, wait_http
+
+    port = free_port()
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "optuna-dashboard"), storage,
+                             "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/api/studies", timeout_s=60, proc=proc)
+        studies = requests.get(f"http://127.0.0.1:{port}/api/studies", timeout=10).json()["study_summaries"]
+        return study_name in {s["study_name"] for s in studies}
+    finally:
+        stop(proc)
+
+
+def children_of(runs, parent_id):
+    return [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_id]
+
+
+def history(uri, run_id, key):
+    return mlflow.MlflowClient(uri).get_metric_history(run_id, key)
+
+
+def evaluations(uri, run_id):
+    """Steps at which a run evaluated (train() logs the final metrics again at the last step)."""
+    return sorted({m.step for m in history(uri, run_id, "eval/macro_f1")})
+
+
+@pytest.mark.slow
+def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow_store, small_data):
+    # trial 0: bracket 0 (pruned at epoch 1); trial 2: out of memory (pruned, the study goes on);
+    # trials 1 or 3: one in bracket 1 at least (completes).
+    name = study_name_where({0}, {0, 1}, {0, 1}, {1})
+    handed_over = []
+    result = hpo_study.run(
+        [*BASE, *small_data, *store_overrides(mlflow_store), *FORCED, "train.epochs=3", "hpo.n_trials=4",
+         f"hpo.study_name={name}", "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.5"],
+        callbacks=[OutOfMemoryAt(2)], on_best=lambda cfg, best: handed_over.append(best))
+
+    runs = runs_in(mlflow_store["uri"])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.run_id == result.parent_run_id
+    parent = parents[0]
+    children = {int(r.data.tags["maxout.hpo.trial_number"]): r for r in children_of(runs, parent.info.run_id)}
+    assert sorted(children) == [0, 1, 2, 3] and len(runs) == 5
+    for child in children.values():
+        assert child.info.status == "FINISHED"  # complete and pruned trials alike
+        assert child.data.tags["maxout.hpo.study"] == name
+        assert {"hpo.train.lr", "hpo.model.dropout", "cfg.train.lr", "opt.precision.effective",
+                "opt.compile.effective"} <= set(child.data.params)
+        assert child.data.params["hpo.train.lr"] == child.data.params["cfg.train.lr"]  # the sample was applied
+
+    states = {n: c.data.tags["maxout.hpo.state"] for n, c in children.items()}
+    assert states[0] == "PRUNED" and states[2] == "PRUNED" and "COMPLETE" in (states[1], states[3])
+    uri = mlflow_store["uri"]
+    # Pruned at once: one evaluation for trial 0, three for a complete trial; its compile time is logged too.
+    assert len(evaluations(uri, children[0].info.run_id)) == 1
+    assert "time/compile_s" in children[0].data.metrics
+    complete = [c for n, c in children.items() if states[n] == "COMPLETE"]
+    assert all(len(evaluations(uri, c.info.run_id)) == 3 for c in complete)
+    assert all(any(k.startswith("system/") for k in c.data.metrics) for c in complete)  # sampled on children
+    assert "out of memory" in children[2].data.tags["maxout.hpo.reason"]
+    assert children[2].data.metrics["hpo/epochs_run"] == 0
+
+    m = parent.data.metrics
+    assert not any(k.startswith("system/") for k in m)  # ... and not on the parent: no double sampling
+    assert parent.info.status == "FINISHED"
+    assert m["hpo/trials_total"] == 4 and m["hpo/trials_failed"] == 0
+    assert m["hpo/trials_pruned"] == 4 - len(complete) and m["hpo/trials_complete"] == len(complete)
+    run_epochs = sum(c.data.metrics["hpo/epochs_run"] for c in children.values())
+    assert m["hpo/trial_epochs_run"] == run_epochs and m["hpo/trial_epochs_without_pruning"] == 12
+    assert m["hpo/compute_saved"] == pytest.approx(1 - run_epochs / 12)
+    best_child = max(complete, key=lambda c: c.data.metrics["eval/macro_f1"])
+    assert m["hpo/best_value"] == pytest.approx(best_child.data.metrics["eval/macro_f1"])
+    best_run = children[int(parent.data.tags["maxout.hpo.best_trial"])]
+    assert best_run.info.run_id == parent.data.tags["maxout.hpo.best_run_id"]
+    assert best_run.data.metrics["eval/macro_f1"] == m["hpo/best_value"]
+    assert {f"best.{k}" for k in ("train.lr", "model.dropout")} <= set(parent.data.params)
+
+    client = mlflow.MlflowClient(uri)
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"trials.csv", "best.json", "config.yaml"} <= artifacts
+    assert {f"plots/{p}.png" for p in ("optimization_history", "intermediate_values")} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+    table = mlflow.artifacts.load_text(f"{parent.info.artifact_uri}/trials.csv").splitlines()
+    assert len(table) == 5  # header + 4 trials
+
+    assert dashboard_shows(str(mlflow_store["dir"] / "optuna.journal"), name)
+
+    # The registry hook got the best trial, with the model that trial logged (hpo.log_models=best).
+    assert len(handed_over) == 1 and handed_over[0].run_id == best_run.info.run_id
+    assert handed_over[0].model_uri == best_run.data.tags["maxout.model_uri"]
+
+
+@pytest.mark.slow
+def test_kfold_trial_pruned_after_a_fold_shows_fewer_fold_metrics(mlflow_store, small_data):
+    name = study_name_where({0}, {1})  # trial 0: decided after fold 1 (pruned); trial 1: never pruned
+    result = hpo_study.run([*BASE, *small_data, *store_overrides(mlflow_store), *FORCED, "hpo.k_folds=3",
+                            "train.epochs=1", "hpo.n_trials=2", f"hpo.study_name={name}"])
+    runs = runs_in(mlflow_store["uri"])
+    trials = {int(r.data.tags["maxout.hpo.trial_number"]): r for r in children_of(runs, result.parent_run_id)}
+    pruned, complete = trials[0], trials[1]
+    assert pruned.data.tags["maxout.hpo.state"] == "PRUNED" and complete.data.tags["maxout.hpo.state"] == "COMPLETE"
+    uri = mlflow_store["uri"]
+    pruned_folds = history(uri, pruned.info.run_id, "fold/eval/macro_f1")
+    complete_folds = history(uri, complete.info.run_id, "fold/eval/macro_f1")
+    assert [p.step for p in pruned_folds] == [1] and [p.step for p in complete_folds] == [1, 2, 3]
+    # Each fold trained in its own run under the trial's; the objective is the mean over the folds.
+    assert len(children_of(runs, pruned.info.run_id)) == 1 and len(children_of(runs, complete.info.run_id)) == 3
+    scores = [p.value for p in complete_folds]
+    assert complete.data.metrics["hpo/objective"] == pytest.approx(sum(scores) / 3)
+    assert result.best.value == pytest.approx(sum(scores) / 3) and result.best.model_uri is None
+    assert complete.data.params["opt.precision.requested"] == "bf16"  # shared fold params on the trial run
+    assert result.counts["hpo/trial_epochs_run"] == 1 + 3 and result.counts["hpo/trial_epochs_without_pruning"] == 6
+
+
+def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
+    """The configured chain on a real in-memory study: a trial behind the leader but still improving is kept
+    while it improves; plain Hyperband prunes it at the first rung."""
+    import optuna
+
+    def steps_until_pruned(patience):
+        # reduction_factor 5 > max_resource 4: a single bracket, so both trials compete at the same rungs.
+        cfg = config.load(["hardware=cpu", "model=tiny", "hpo=default", "train.epochs=4",
+                           "hpo.pruner.reduction_factor=5", f"hpo.pruner.patience={patience}"], device=cpu_device)
+        study = optuna.create_study(direction="maximize", pruner=hpo_study.build_pruner(cfg.hpo, 4))
+        leader = study.ask()
+        for step, value in enumerate([0.9, 0.95, 0.94, 0.93], 1):
+            leader.report(value, step)
+            assert not leader.should_prune()  # (Hyperband records a rung only when it is asked)
+        study.tell(leader, 0.93)
+        trailing = study.ask()
+        for step, value in enumerate([0.1, 0.2, 0.15, 0.12], 1):  # improves, then stalls for 2 steps
+            trailing.report(value, step)
+            if trailing.should_prune():
+                return step
+        return None
+
+    assert isinstance(hpo_study.build_pruner(config.load(["hardware=cpu", "hpo=default"], device=cpu_device).hpo, 3),
+                      optuna.pruners.PatientPruner)
+    assert steps_until_pruned("null") == 1
+    assert steps_until_pruned(1) == 4
+
+
+def _existing_minimize_study(store):
+    import optuna
+
+    path = store["dir"] / "optuna.journal"
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    optuna.create_study(study_name="taken", storage=storage, direction="minimize")
+    return [f"hpo.storage={path}", "hpo.study_name=taken"]
+
+
+BAD = {
+    "unknown_hyperparameter": (["+hpo.search_space.train.learning_rate={type:float,low:0.1,high:1.0}"], 2,
+                               "unknown hyper-parameter 'train.learning_rate' in hpo.search_space"),
+    "inverted_range": (["hpo.search_space.train.lr.low=1e-3", "hpo.search_space.train.lr.high=1e-5"], 2,
+                       "hpo.search_space.train.lr: inverted range: low=0.001 > high=1e-05"),
+    "empty_range": (["hpo.search_space.model.dropout.low=0.1", "hpo.search_space.model.dropout.high=0.1"], 2,
+                    "hpo.search_space.model.dropout: empty range"),
+    "no_choices": (["hpo.search_space.train.target_effective_batch.choices=[]"], 2,
+                   "categorical needs a non-empty list of choices"),
+    "value_the_config_rejects": (["hpo.search_space.model.dropout.high=1.5"], 2,
+                                 "model.dropout=1.5 must be in [0, 1)"),
+    "unreachable_storage": ([lambda s: [f"hpo.storage=postgresql+psycopg2://maxout:s3cret@127.0.0.1:{free_port()}/x"]],
+                            1, "HPO storage unreachable at postgresql+psycopg2://maxout:***@127.0.0.1:"),
+    "study_with_another_direction": ([_existing_minimize_study], 2,
+                                     "study 'taken' in {dir}/optuna.journal already exists with direction=minimize, "
+                                     "not maximize"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_nonzero_and_leaves_no_run(case, mlflow_store, capsys):
+    extra, code, message = BAD[case]
+    extra = [x for e in extra for x in (e(mlflow_store) if callable(e) else [e])]
+    assert cli.main(["hpo", "hardware=cpu", "model=tiny", *store_overrides(mlflow_store), *extra]) == code
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("maxout: error: ") and "\n" not in err, err
+    assert message.format(dir=mlflow_store["dir"]) in err, err
+    assert "s3cret" not in err
+    assert runs_in(mlflow_store["uri"]) == []  # nothing started, so nothing left RUNNING
+
+
+@pytest.mark.slow
+def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, small_data):
+    """Two `maxout hpo` processes on one study in a real PostgreSQL (Optuna storage and MLflow store). Worker A
+    is SIGKILLed mid-trial; worker B finds A's trial stale by its heartbeat, re-queues it with the same params,
+    runs it, and ends the runs A left RUNNING as KILLED."""
+    import collections
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from .conftest import ROOT
+    from .services import create_database, postgres
+
+    with postgres() as server:
+        optuna_url, mlflow_url = create_database(server, "optuna"), create_database(server, "mlflow")
+        mlflow.MlflowClient(mlflow_url).search_experiments()  # the schema, as a tracking server would own it
+        overrides = ["hardware=cpu", "model=tiny", "hpo=default", *small_data, "train.epochs=3",
+                     f"tracking.uri={mlflow_url}", f"tracking.artifact_location={(tmp_path / 'art').as_uri()}",
+                     "tracking.system_metrics=false", f"hpo.storage={optuna_url}", "hpo.study_name=shared",
+                     "hpo.n_trials=6", "hpo.pruner.name=none", "hpo.log_models=none",
+                     "hpo.heartbeat_interval_s=1", "hpo.grace_period_s=3"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two workers on two cores
+
+        def worker(name):
+            log = open(tmp_path / f"{name}.log", "w")
+            return subprocess.Popen([sys.executable, "-m", "maxout", "hpo", *overrides, "--no-progress"], cwd=ROOT,
+                                    env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        a, b = worker("a"), worker("b")
+        storage = optuna.storages.RDBStorage(optuna_url)
+        victim, deadline = None, time.monotonic() + 240
+        while victim is None and time.monotonic() < deadline and a.poll() is None:
+            try:
+                trials = optuna.load_study(study_name="shared", storage=storage).get_trials(
+                    deepcopy=False, states=(TrialState.RUNNING,))
+            except KeyError:  # the study does not exist yet
+                trials = []
+            mine = [t for t in trials if t.user_attrs.get("worker", "").endswith(f":{a.pid}")]
+            victim = mine[0].number if mine else None
+            time.sleep(0.05)
+        assert victim is not None, (tmp_path / "a.log").read_text()[-3000:]
+        os.kill(a.pid, signal.SIGKILL)  # mid-trial: its child run is open and it is training
+        assert a.wait(30) == -signal.SIGKILL
+        assert b.wait(300) == 0, (tmp_path / "b.log").read_text()[-3000:]
+
+        trials = optuna.load_study(study_name="shared", storage=storage).get_trials(deepcopy=False)
+        by_number = {t.number: t for t in trials}
+        assert by_number[victim].state == TrialState.FAIL
+        retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim]
+        assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+        assert retries[0].params == by_number[victim].params  # the same trial again, not a new sample
+        assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+        assert sum(t.state == TrialState.COMPLETE for t in trials) >= 6
+
+        runs = runs_in(mlflow_url)
+        assert not [r for r in runs if r.info.status == "RUNNING"]
+        children = [r for r in runs if "maxout.hpo.trial_number" in r.data.tags]
+        numbers = collections.Counter(int(r.data.tags["maxout.hpo.trial_number"]) for r in children)
+        assert set(numbers.values()) == {1} and set(numbers) == set(by_number)  # every trial once, none twice
+        lost = next(r for r in children if int(r.data.tags["maxout.hpo.trial_number"]) == victim)
+        assert lost.info.status == "KILLED" and lost.data.tags["maxout.hpo.state"] == "FAIL"
+        assert "lost" in lost.data.tags["maxout.status_reason"]
+        retry_run = next(r for r in children if int(r.data.tags["maxout.hpo.trial_number"]) == retries[0].number)
+        assert retry_run.data.tags["maxout.hpo.retry_of"] == str(victim)
+        parents = {r.data.tags["maxout.hpo.worker"].split(":")[1]: r for r in runs
+                   if r.data.tags.get("maxout.command") == "hpo"}
+        assert parents[str(a.pid)].info.status == "KILLED" and parents[str(b.pid)].info.status == "FINISHED"
+        assert parents[str(b.pid)].data.metrics["hpo/trials_failed"] == 1
+        assert dashboard_shows(optuna_url, "shared")
+
+
+def test_sampled_values_become_overrides_that_compose_the_trial_config(cpu_device):
+    from maxout.hpo import search_space
+
+    base = ["hardware=cpu", "model=tiny", "hpo=default", "~hpo.search_space.model.dropout",
+            "+hpo.search_space.hardware.precision={type:categorical,choices:[bf16,fp32]}",
+            "+hpo.search_space.hardware.compile={type:categorical,choices:[true,false]}",
+            "+hpo.search_space.train.max_steps={type:int,low:4,high:32,log:true}"]
+    cfg = config.load(base, device=cpu_device)
+    specs = search_space.load(cfg.hpo.search_space, cfg)
+    assert {s.key for s in specs} == {"train.lr", "train.weight_decay", "train.warmup_ratio", "train.max_steps",
+                                      "train.target_effective_batch", "hardware.precision", "hardware.compile"}
+    # (the model section, emptied by ~hpo.search_space.model.dropout, is no error)
+    values = {"train.lr": 1.5e-05, "train.weight_decay": 0.0, "train.warmup_ratio": 0.1,
+              "train.target_effective_batch": 32, "hardware.precision": "fp32", "hardware.compile": True,
+              "train.max_steps": 7}
+    trial = config.load(base + search_space.overrides(values), device=cpu_device)
+    assert (trial.train.lr, trial.train.target_effective_batch, trial.hardware.precision, trial.hardware.compile,
+            trial.train.max_steps) == (1.5e-05, 32, "fp32", True, 7)
+    assert trial.hardware.name == "cpu"  # the sampled hardware.* keys apply on top of the profile
