@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast ui clean
+.PHONY: install run test test-fast ui clean check-hardware
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ test-fast: install
 ui: install
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root ./mlruns/artifacts \
 	  --host 127.0.0.1 --port 5000
+
+## check-hardware: device, speed-ups it supports (or why not), what hardware=auto picks, the batch to use
+##   make check-hardware ARGS="model=tiny --json"
+check-hardware: install
+	$(BIN)/maxout check-hardware $(ARGS)
 
 clean:
 	rm -rf $(VENV) mlruns .pytest_cache

@@ -47,6 +47,37 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_hardware(args: argparse.Namespace) -> int:
+    import json
+
+    from . import config, hardware, hardware_report
+
+    device = hardware.detect()
+    cfg = config.load(split_overrides(args.overrides, args.overrides_string), device=device)
+    rep = hardware_report.report(cfg, device, search=not args.no_search)
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    for table in hardware_report.render(rep):
+        console.print(table)
+    return 0
+
+
+def cmd_find_batch_size(args: argparse.Namespace) -> int:
+    import json
+
+    from . import batch_finder, config, data, hardware, modeling
+
+    device = hardware.detect()
+    cfg = config.load(split_overrides(args.overrides, args.overrides_string), device=device)
+    result = batch_finder.find(cfg, device, data.load(cfg.data), modeling.load_tokenizer(cfg.model))
+    print(json.dumps(result.params(), indent=2) if args.json else f"maxout: {result.summary()}")
+    return 0
+
+
 def _tracking_uri_for_display(cfg: object) -> str:
     from .tracking import redact, resolve_uri
 
@@ -68,6 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("check-hardware", help="what this device offers, what hardware=auto picks, the batch to use")
+    _add_overrides(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-search", action="store_true", help="recommend a batch from the cache only (no probes)")
+    p.set_defaults(func=cmd_check_hardware)
+
+    p = sub.add_parser("find-batch-size", help="the largest micro-batch that fits (what train.batch_size=auto uses)")
+    _add_overrides(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON (the params a run logs)")
+    p.set_defaults(func=cmd_find_batch_size)
     return parser
 
 
