@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast ui clean check-hardware
+.PHONY: install run test test-fast ui clean check-hardware benchmark
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ ui: install
 ##   make check-hardware ARGS="model=tiny --json"
 check-hardware: install
 	$(BIN)/maxout check-hardware $(ARGS)
+
+## benchmark: ablation grid on the demo project, one MLflow child run per cell, table + charts on the parent run
+##   make benchmark ARGS='--grid "precision=fp32,bf16 compile=off,on" --steps 20 --out benchmarks/out'
+benchmark: install
+	$(BIN)/maxout benchmark $(ARGS)
 
 clean:
 	rm -rf $(VENV) mlruns .pytest_cache

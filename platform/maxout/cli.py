@@ -78,6 +78,17 @@ def cmd_find_batch_size(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from . import benchmark
+
+    report = benchmark.run(split_overrides(args.overrides, args.overrides_string), grid_spec=args.grid,
+                           steps=args.steps, repeats=args.repeats, out_dir=args.out, progress=not args.no_progress)
+    print(report.markdown())
+    print(f"maxout: table, CSV and charts in {report.files['markdown'].parent}"
+          + (f"; MLflow parent run {report.parent_run_id}" if report.parent_run_id else ""))
+    return 0
+
+
 def _tracking_uri_for_display(cfg: object) -> str:
     from .tracking import redact, resolve_uri
 
@@ -110,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON (the params a run logs)")
     p.set_defaults(func=cmd_find_batch_size)
+
+    p = sub.add_parser("benchmark", help="ablation over a grid of optimizations, one MLflow child run per cell")
+    _add_overrides(p)
+    p.add_argument("--grid", default=None, metavar="SPEC",
+                   help='axes and values, e.g. "precision=fp32,bf16 compile=off,on" (default: every value of '
+                        'precision, compile, gradient_checkpointing, bucketing, fused_adamw)')
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps per cell (default 20)")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the grid; medians are reported")
+    p.add_argument("--out", default=None, metavar="DIR", help="where the table, CSV and charts go (default: a temp dir)")
+    p.add_argument("--no-progress", action="store_true", help="no per-cell progress lines")
+    p.set_defaults(func=cmd_benchmark)
     return parser
 
 
