@@ -187,18 +187,21 @@ def test_gpu_probe_finds_the_device_limit_under_a_memory_fraction(demo, tmp_path
 
     device = hardware.detect()
     cfg = config.load(["hardware=auto", "model=tiny", "tracking=none", "train.target_effective_batch=512",
-                       f"batch_finder.cache_path={tmp_path / 'c.json'}"], device=device)
+                       "hardware.compile=false", f"batch_finder.cache_path={tmp_path / 'c.json'}"], device=device)
     probe = batch_finder.StepProbe.build(cfg, device, *demo, target=512, budget_bytes=None)
     one, many = probe.peak_bytes(1), probe.peak_bytes(64)
     probe.close()
     total = torch.cuda.get_device_properties(0).total_memory
+    # Room for roughly 128 rows (the caching allocator's overhead makes the exact limit device-specific).
     torch.cuda.set_per_process_memory_fraction(min(1.0, (one + (many - one) * 2) / total))
     try:
         result = batch_finder.find(cfg, device, *demo)
+        assert not result.capped and result.max_batch >= 16
+        assert any(not ok and rows > result.max_batch for rows, ok in result.probes)  # a real OOM bounded it
+        assert len(result.probes) <= math.ceil(math.log2(result.upper)) + 2
         check = batch_finder.StepProbe.build(cfg, device, *demo, target=512, budget_bytes=None)
-        assert check(result.max_batch) and (result.capped or not check(result.max_batch + 1))
+        assert check(result.safe_batch)  # the margin leaves room on a fresh model
         check.close()
-        assert result.max_batch > 64
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()

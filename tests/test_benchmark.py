@@ -56,11 +56,12 @@ def test_a_2x2_grid_makes_4_child_runs_a_table_and_charts(mlflow_store, tmp_path
 
 
 def test_cells_the_device_cannot_honour_are_skipped_with_the_reason(cpu_device, tmp_path):
-    report = benchmark.run([*BASE, "tracking=none"], grid_spec="precision=fp16 compile=off", steps=5,
+    report = benchmark.run([*BASE, "tracking=none"], grid_spec="precision=fp16 compile=off",
                            out_dir=str(tmp_path), device=cpu_device, progress=False)
     (row,) = report.rows
     assert row.status == "skipped" and "no CUDA device" in row.reason and row.samples == []
     assert "skipped: precision fp16: no CUDA device" in report.markdown()
+    assert "one epoch per cell" in report.markdown() and report.baseline is None
 
 
 def test_bucketing_with_static_padding_is_skipped(cpu_device):
@@ -109,4 +110,5 @@ def test_a_failing_cell_is_recorded_and_the_others_still_run(cpu_device, tmp_pat
     ok, failed = report.rows
     assert ok.status == "ok" and ok.median("perf/steady_samples_per_s") > 0
     assert (failed.status, failed.reason) == ("failed", "RuntimeError: kernel exploded")
-    assert "| fused_adamw=on | – |" in report.markdown() and "failed: RuntimeError: kernel exploded" in report.markdown()
+    markdown = report.markdown()
+    assert "| fused_adamw=on | – |" in markdown and "failed: RuntimeError: kernel exploded" in markdown

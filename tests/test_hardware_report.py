@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from maxout import cli, config, hardware_report
 
 from .conftest import fake_cuda
@@ -59,3 +61,13 @@ def test_a_described_gpu_renders_its_capabilities_and_profile(tmp_path):
         console.print(table)
     text = console.export_text()
     assert "compute capability │ 8.6" in text and "24.0 GiB" in text and "matches profile 'rtx3090'" in text
+
+
+@pytest.mark.gpu
+def test_check_hardware_on_a_gpu_reports_the_device_and_a_searched_batch(capsys, tmp_path):
+    args = ["check-hardware", "hardware=auto", "model=tiny", f"batch_finder.cache_path={tmp_path / 'c.json'}", "--json"]
+    assert cli.main(args) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["device"]["kind"] == "cuda" and rep["device"]["compute_capability"]
+    assert rep["versions"]["cuda (torch build)"] and rep["batch"]["micro_batch"] >= 1
+    assert rep["support"]["pinned memory"]["ok"] is True

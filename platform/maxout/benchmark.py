@@ -2,9 +2,9 @@
 speed-ups and memory ratios instead of guesses.
 
 Each cell of the grid (``--grid "precision=fp32,bf16 compile=off,on"``; by default every value of every axis in
-AXES) is one short training run (``--steps`` optimizer steps) and one nested MLflow run under a parent run, all in
-one experiment. Cells run one after another in one process, in ``--repeats`` interleaved rounds, so a noisy,
-shared machine slows every cell alike and the ratios stay comparable. Throughput is the steady state
+AXES) is one training run (one epoch, or ``--steps`` optimizer steps) and one nested MLflow run under a parent
+run, all in one experiment. Cells run one after another in one process, in ``--repeats`` interleaved rounds, so a
+noisy, shared machine slows every cell alike and the ratios stay comparable. Throughput is the steady state
 (perf/steady_*: the first train.warmup_steps_excluded steps, compile and allocator warm-up, are left out).
 
 Memory: on a GPU, torch's peak allocated memory over the run. On a CPU, the peak tensor bytes of the run's worst
@@ -112,13 +112,13 @@ def skip_reason(cell: Cell, device: Any, cfg: Any) -> str:
     """Why the device cannot honour ``cell`` (empty: it can), from the optimizations' own checks."""
     from .optimizations import bucketing, compile as compile_opt, fused_adamw, precision as precision_opt
 
+    checks = {"compile": lambda: compile_opt.supported(device), "fused_adamw": lambda: fused_adamw.supported(device),
+              "bucketing": lambda: bucketing.supported(cfg.data.padding)}
     for axis, value in cell.values:
         if axis == "precision":
             decision = precision_opt.resolve(value, device)
             if decision.changed:
                 return f"precision {value}: {decision.reason}"
-        checks = {"compile": lambda: compile_opt.supported(device), "fused_adamw": lambda: fused_adamw.supported(device),
-                  "bucketing": lambda: bucketing.supported(cfg.data.padding)}
         if value is True and axis in checks:
             ok, reason = checks[axis]()
             if not ok:
@@ -152,19 +152,21 @@ class Report:
         return Path(self.files["markdown"]).read_text()
 
 
-def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: int = 20, repeats: int = 1,
-        out_dir: Optional[str] = None, device: Any = None, progress: bool = True) -> Report:
-    """Run the grid on ``overrides`` (the base config) and return the comparison. A bad grid or config is a
-    ConfigError before anything runs."""
+def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: Optional[int] = None,
+        repeats: int = 1, out_dir: Optional[str] = None, device: Any = None, progress: bool = True) -> Report:
+    """Run the grid on ``overrides`` (the base config) and return the comparison. ``steps`` None: one epoch per
+    cell (length bucketing sorts each megabatch longest first, so only whole megabatches measure it fairly). A bad
+    grid or config is a ConfigError before anything runs."""
     from . import config, data as data_mod, hardware, tracking
 
-    if steps < 1 or repeats < 1:
+    if (steps is not None and steps < 1) or repeats < 1:
         raise ConfigError(f"benchmark steps={steps} and repeats={repeats} must both be >= 1")
     grid = parse_grid(grid_spec)
     device = device or hardware.detect()
-    fixed = [f"train.max_steps={steps}", "train.epochs=1000", "tracking.log_model=false"]
+    fixed = ([f"train.max_steps={steps}", "train.epochs=1000"] if steps else ["train.max_steps=-1", "train.epochs=1"])
+    fixed.append("tracking.log_model=false")
     base = config.load([*overrides, *fixed], device=device)
-    if steps <= base.train.warmup_steps_excluded:
+    if steps is not None and steps <= base.train.warmup_steps_excluded:
         raise ConfigError(f"benchmark steps={steps} leaves no steady state after train.warmup_steps_excluded="
                           f"{base.train.warmup_steps_excluded}: use more steps")
     rows = []
@@ -182,7 +184,7 @@ def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: i
                                   "maxout.data": base.data.name, "maxout.hardware_profile": base.hardware.name})
     with tracking.closing(parent):
         parent.log_params({"benchmark.grid": " ".join(f"{a}={','.join(map(_show, v))}" for a, v in grid.items()),
-                           "benchmark.steps": str(steps), "benchmark.repeats": str(repeats),
+                           "benchmark.steps": str(steps or "one epoch"), "benchmark.repeats": str(repeats),
                            "benchmark.overrides": " ".join(overrides), "benchmark.memory": memory_source,
                            "device.name": device.name, "device.kind": device.kind})
         for repeat in range(repeats):  # rounds interleave the cells: machine noise hits every cell alike
@@ -280,7 +282,7 @@ def _memory(row: Row) -> Optional[float]:
     return row.median("mem/peak_allocated_gb") or row.median("mem/peak_tensor_gb")
 
 
-def write(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: int, repeats: int,
+def write(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: Optional[int], repeats: int,
           out: Path) -> dict:
     files = {"markdown": out / "benchmark.md", "csv": out / "benchmark.csv",
              "speedup_png": out / "speedup.png", "memory_png": out / "memory.png"}
@@ -291,7 +293,8 @@ def write(table: Any, baseline: Optional[Row], memory_source: str, device: Any, 
     return files
 
 
-def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: int, repeats: int) -> str:
+def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: Optional[int],
+             repeats: int) -> str:
     head = ["Cell", "Samples/s", "Tokens/s", "Speed-up", "Peak memory (GiB)", "Memory ratio", "MFU", "GPU util %",
             "Compile (s)", "Note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -304,7 +307,8 @@ def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: An
                   _fmt(r["memory ratio"], ".2f", "x"), _fmt(r["MFU"], ".1%"), _fmt(r["GPU util %"], ".0f"),
                   _fmt(r["compile s"], ".1f"), note.replace("|", "/")]
         lines.append("| " + " | ".join(values) + " |")
-    caption = (f"Device: {device.name} ({device.kind}); {steps} optimizer steps per cell, steady state (warm-up "
+    caption = (f"Device: {device.name} ({device.kind}); {f'{steps} optimizer steps' if steps else 'one epoch'} per "
+               f"cell, steady state (warm-up "
                f"excluded), median of {repeats} interleaved repeat(s); memory: {memory_source}; ratios vs the "
                f"baseline cell ({baseline.cell.name if baseline else 'none: no cell ran'}).")
     return caption + "\n\n" + "\n".join(lines) + "\n"

@@ -127,9 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", default=None, metavar="SPEC",
                    help='axes and values, e.g. "precision=fp32,bf16 compile=off,on" (default: every value of '
                         'precision, compile, gradient_checkpointing, bucketing, fused_adamw)')
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps per cell (default 20)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps per cell (default: one epoch, which measures length bucketing fairly)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the grid; medians are reported")
-    p.add_argument("--out", default=None, metavar="DIR", help="where the table, CSV and charts go (default: a temp dir)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where the table, CSV and charts go (default: a temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no per-cell progress lines")
     p.set_defaults(func=cmd_benchmark)
     return parser
