@@ -328,7 +328,9 @@ def plot(table: Any, column: str, title: str, path: Path) -> None:
 
     ran = table[table[column].notna()]
     fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(ran), 1) + 1.5))
-    ax.barh(list(ran["cell"]), list(ran[column]), color="tab:blue")
+    bars = ax.barh(list(ran["cell"]), list(ran[column]), color="tab:blue")
+    ax.bar_label(bars, fmt="%.2fx", padding=2, fontsize=8)
+    ax.margins(x=0.12)  # room for the labels
     ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.invert_yaxis()
     ax.set_xlabel(f"{column} (x baseline)")
