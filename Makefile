@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 IMAGE ?= maxout:latest
 COMPOSE := docker compose --env-file docker/.env -f docker/compose.yaml
 
-.PHONY: install run test test-fast ui clean lint image platform-up platform-down
+.PHONY: install run test test-fast ui clean lint image platform-up platform-down check-hardware benchmark
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,16 @@ platform-down: docker/.env
 
 docker/.env:
 	@echo "docker/.env is missing: cp docker/.env.example docker/.env and replace every change-me value" >&2; exit 1
+
+## check-hardware: device, speed-ups it supports (or why not), what hardware=auto picks, the batch to use
+##   make check-hardware ARGS="model=tiny --json"
+check-hardware: install
+	$(BIN)/maxout check-hardware $(ARGS)
+
+## benchmark: ablation grid on the demo project, one MLflow child run per cell, table + charts on the parent run
+##   make benchmark ARGS='--grid "precision=fp32,bf16 compile=off,on" --steps 20 --out benchmarks/out'
+benchmark: install
+	$(BIN)/maxout benchmark $(ARGS)
 
 clean:
 	rm -rf $(VENV) mlruns .pytest_cache

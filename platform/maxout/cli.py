@@ -112,6 +112,48 @@ def cmd_hpo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_hardware(args: argparse.Namespace) -> int:
+    import json
+
+    from . import config, hardware, hardware_report
+
+    device = hardware.detect()
+    cfg = config.load(split_overrides(args.overrides, args.overrides_string), device=device)
+    rep = hardware_report.report(cfg, device, search=not args.no_search)
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    for table in hardware_report.render(rep):
+        console.print(table)
+    return 0
+
+
+def cmd_find_batch_size(args: argparse.Namespace) -> int:
+    import json
+
+    from . import batch_finder, config, data, hardware, modeling
+
+    device = hardware.detect()
+    cfg = config.load(split_overrides(args.overrides, args.overrides_string), device=device)
+    result = batch_finder.find(cfg, device, data.load(cfg.data), modeling.load_tokenizer(cfg.model))
+    print(json.dumps(result.params(), indent=2) if args.json else f"maxout: {result.summary()}")
+    return 0
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from . import benchmark
+
+    report = benchmark.run(split_overrides(args.overrides, args.overrides_string), grid_spec=args.grid,
+                           steps=args.steps, repeats=args.repeats, out_dir=args.out, progress=not args.no_progress)
+    print(report.markdown())
+    print(f"maxout: table, CSV and charts in {report.files['markdown'].parent}"
+          + (f"; MLflow parent run {report.parent_run_id}" if report.parent_run_id else ""))
+    return 0
+
+
 def _tracking_uri_for_display(cfg: object) -> str:
     from .tracking import redact, resolve_uri
 
@@ -162,6 +204,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar per trial")
     p.set_defaults(func=cmd_hpo)
+
+    p = sub.add_parser("check-hardware", help="what this device offers, what hardware=auto picks, the batch to use")
+    _add_overrides(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-search", action="store_true", help="recommend a batch from the cache only (no probes)")
+    p.set_defaults(func=cmd_check_hardware)
+
+    p = sub.add_parser("find-batch-size", help="the largest micro-batch that fits (what train.batch_size=auto uses)")
+    _add_overrides(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON (the params a run logs)")
+    p.set_defaults(func=cmd_find_batch_size)
+
+    p = sub.add_parser("benchmark", help="ablation over a grid of optimizations, one MLflow child run per cell")
+    _add_overrides(p)
+    p.add_argument("--grid", default=None, metavar="SPEC",
+                   help='axes and values, e.g. "precision=fp32,bf16 compile=off,on" (default: every value of '
+                        'precision, compile, gradient_checkpointing, bucketing, fused_adamw)')
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps per cell (default: one epoch, which measures length bucketing fairly)")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the grid; medians are reported")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where the table, CSV and charts go (default: a temp dir)")
+    p.add_argument("--no-progress", action="store_true", help="no per-cell progress lines")
+    p.set_defaults(func=cmd_benchmark)
     return parser
 
 

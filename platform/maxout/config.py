@@ -227,10 +227,18 @@ class CheckpointConfig:
 class BatchFinderConfig:
     """The max-batch finder behind batch_size=auto (see batch_finder.py)."""
 
-    safety_margin: float = 0.9
+    safety_margin: float = 0.9  # the micro-batch is at most this share of the largest batch that fit
+    memory_budget_gb: Optional[float] = None  # CPU only (a GPU's limit is its memory): None = available host memory
+    max_batch: int = 1024  # never search beyond this (nor beyond the target effective batch or the training rows)
+    cache: bool = True  # reuse a result found for the same device, model, length, precision, checkpointing, compile
+    cache_path: Optional[str] = None  # None: mlruns/batch_finder.json beside the local MLflow store
 
     def validate(self) -> None:
         _check(0.0 < self.safety_margin <= 1.0, f"batch_finder.safety_margin={self.safety_margin} must be in (0, 1]")
+        _check(self.memory_budget_gb is None or self.memory_budget_gb > 0,
+               f"batch_finder.memory_budget_gb={self.memory_budget_gb} must be > 0 (GiB), or null for the "
+               f"available host memory")
+        _check(self.max_batch >= 1, f"batch_finder.max_batch={self.max_batch} must be >= 1")
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .. import metrics as m
 from ..data import MODEL_INPUTS
 from ..optimizations import compile as compile_opt, grad_clipping
 from .callbacks import Callback, CallbackList, TrainState
+from . import oom
 from .evaluate import evaluate
 from .setup import Setup
 
@@ -41,16 +42,24 @@ def accumulation_groups(loader: Iterable, accum: int) -> Iterator[list]:
 
 
 def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> torch.Tensor:
-    """One optimizer step over ``micro_batches``. Returns the mean loss as a device tensor (no sync)."""
-    device, scaler = s.device.torch_device, s.precision.scaler
-    step_loss = torch.zeros((), device=device)
+    """One optimizer step over ``micro_batches``. Returns the mean loss as a device tensor (no sync).
+
+    Out of memory: drop the partial gradients, run every micro-batch as twice as many row chunks from then on
+    (``s.oom``, see oom.py), and retry the same step; the samples per optimizer step do not change."""
+    scaler = s.precision.scaler
+    while True:
+        try:
+            step_loss = _forward_backward(s, micro_batches)
+            break
+        except torch.OutOfMemoryError as err:
+            if not s.oom.enabled:
+                raise
+            message = oom.first_line(err)
+        # Outside the handler, so the traceback no longer pins the failed attempt's activations.
+        s.optimizer.zero_grad(set_to_none=True)
+        s.oom.halve(message, list(micro_batches), step=s.scheduler.last_epoch + 1, device_type=s.device.torch_device)
     for batch in micro_batches:
         meter.add(len(batch["labels"]), batch["num_real_tokens"], batch["num_tokens"])
-        inputs = {k: batch[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in batch}
-        with s.precision.autocast():
-            loss = s.forward(**inputs).loss / len(micro_batches)
-        scaler.scale(loss).backward()
-        step_loss += loss.detach()
     if s.clip_norm:
         scaler.unscale_(s.optimizer)  # clip the true gradients, not the fp16-scaled ones
         grad_clipping.apply(s.model.parameters(), s.clip_norm)
@@ -58,6 +67,19 @@ def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> 
     scaler.update()
     s.optimizer.zero_grad(set_to_none=True)  # frees grad memory and skips a memset
     s.scheduler.step()
+    return step_loss
+
+
+def _forward_backward(s: Setup, micro_batches: Sequence[dict]) -> torch.Tensor:
+    device, scaler = s.device.torch_device, s.precision.scaler
+    step_loss = torch.zeros((), device=device)
+    for batch in micro_batches:
+        for chunk, share in s.oom.split(batch):  # one chunk (share 1.0) unless an out-of-memory error split it
+            inputs = {k: chunk[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in chunk}
+            with s.precision.autocast():
+                loss = s.forward(**inputs).loss * share / len(micro_batches)
+            scaler.scale(loss).backward()
+            step_loss += loss.detach()
     return step_loss
 
 

@@ -18,12 +18,12 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from .. import data as data_mod
-from .. import hardware, inference, metrics as m, modeling, tracking
+from .. import batch_finder, hardware, inference, metrics as m, modeling, tracking
 from ..config import Config, to_dict
 from ..optimizations import lora
 from .callbacks import Callback
 from .loop import fit
-from .setup import Setup, build, resolve_micro_batch
+from .setup import Setup, build
 
 
 @dataclass
@@ -111,7 +111,8 @@ def prepare(cfg: Config, dataset: Optional[data_mod.Dataset] = None) -> tuple[da
     tokenizer = modeling.load_tokenizer(cfg.model)  # a missing model fails here too
     if cfg.model.source != "config":
         modeling.weights_location(cfg.model)
-    resolve_micro_batch(cfg)
+    if cfg.batch_size != "auto":  # auto: the batch finder probes once the run's device is known
+        resolve_micro_batch(cfg)
     return dataset, tokenizer
 
 
@@ -123,6 +124,7 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
     ``cfg.data`` (k-fold passes each fold's split)."""
     device = device or hardware.detect()
     dataset, tokenizer = prepare(cfg, dataset)  # no run exists yet
+    micro_batch, finder_params = batch_finder.resolve(cfg, device, dataset, tokenizer, verbose=verbose)
     owned = tracker is None
     if owned:
         tracker = tracking.start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",
@@ -130,10 +132,11 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
                                        "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
     guard = tracking.closing(tracker) if owned else _no_close(tracker)
     with guard:
-        setup = build(cfg, device, dataset, tokenizer)
+        setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch)
+        setup.oom.attach(tracker)  # out-of-memory recoveries are logged as they happen
         if verbose:
             print(startup_banner(setup), file=sys.stderr)
-        params = run_params(cfg, setup)
+        params = {**run_params(cfg, setup), **finder_params}
         tracker.log_params(params)
         tracker.log_dict(to_dict(cfg), "config.yaml")
         tracker.log_dict({**device.to_dict(), "profile": cfg.hardware.name,

@@ -21,6 +21,7 @@ from ..optimizations import Decision, decide
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import dataloader, deterministic, freeze, fused_adamw, grad_clipping
 from ..optimizations import gradient_checkpointing, lora, precision as precision_opt, tf32
+from .oom import OOMRecovery
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Setup:
     clip_norm: float  # 0: no clipping
     decisions: list = field(default_factory=list)
     derived: dict = field(default_factory=dict)
+    oom: OOMRecovery = field(default_factory=OOMRecovery)  # halves the rows per forward on out-of-memory
 
     def decision(self, name: str) -> Decision:
         return next(d for d in self.decisions if d.name == name)
@@ -64,11 +66,12 @@ def planned_steps(micro_batches_per_epoch: int, accum_steps: int, tr: Any) -> tu
 
 
 def resolve_micro_batch(cfg: Config) -> int:
-    """The per-device micro-batch. ``auto`` is the batch finder's job (maxout find-batch-size)."""
+    """The per-device micro-batch. ``auto`` is the batch finder's job: batch_finder.resolve() runs it (it needs a
+    model to probe) and passes the result to build(micro_batch=...)."""
     batch = cfg.batch_size
     if batch == "auto":
-        raise ConfigError("batch_size=auto needs the batch finder, which is not available in this build; "
-                          "set train.batch_size to a positive integer")
+        raise ConfigError("batch_size=auto is resolved by maxout.batch_finder.resolve(); pass its micro-batch to "
+                          "build(micro_batch=...), or set train.batch_size to a positive integer")
     return int(batch)
 
 
@@ -106,6 +109,12 @@ def build_model(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, toke
     return model_config, model.to(device.torch_device), [d_attn, d_ckpt, d_freeze, d_adapter]
 
 
+def build_collator(cfg: Config, device: DeviceInfo, tokenizer: Any) -> data_mod.Collator:
+    dc = cfg.data
+    multiple = (8 if device.is_cuda else None) if dc.pad_to_multiple_of == "auto" else dc.pad_to_multiple_of
+    return data_mod.Collator(tokenizer.pad_token_id, dc.max_length if dc.padding == "max_length" else None, multiple)
+
+
 def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
                   micro_batch: int) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
     dc = cfg.data
@@ -113,9 +122,7 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     eval_enc = data_mod.encode(tokenizer, dataset.validation, dc.max_length)
     d_pad = Decision("padding", dc.padding, dc.padding)
     d_bucket = decide("bucketing", dc.bucketing, bucketing.supported(dc.padding))
-    multiple = (8 if device.is_cuda else None) if dc.pad_to_multiple_of == "auto" else dc.pad_to_multiple_of
-    collate = data_mod.Collator(tokenizer.pad_token_id, dc.max_length if dc.padding == "max_length" else None,
-                                multiple)
+    collate = build_collator(cfg, device, tokenizer)
     settings, d_loader = dataloader.resolve(cfg.hardware, device)
     sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
                               dc.bucket_batches)

@@ -1,0 +1,340 @@
+"""``maxout benchmark``: an ablation over a grid of optimizations that answers "are we maxed out?" with measured
+speed-ups and memory ratios instead of guesses.
+
+Each cell of the grid (``--grid "precision=fp32,bf16 compile=off,on"``; by default every value of every axis in
+AXES) is one training run (one epoch, or ``--steps`` optimizer steps) and one nested MLflow run under a parent
+run, all in one experiment. Cells run one after another in one process, in ``--repeats`` interleaved rounds, so a
+noisy, shared machine slows every cell alike and the ratios stay comparable. Throughput is the steady state
+(perf/steady_*: the first train.warmup_steps_excluded steps, compile and allocator warm-up, are left out).
+
+Memory: on a GPU, torch's peak allocated memory over the run. On a CPU, the peak tensor bytes of the run's worst
+step (the longest training rows, counted by tensor_memory.TensorMemory in eager mode, so compiled cells show eager
+memory there): process RSS cannot be reset between cells.
+
+A cell the device cannot honour (fp16 or compile or fused AdamW where unsupported, bucketing with
+padding=max_length) is not run; its row says why, using the optimizations' own supported() checks. The parent run
+gets the comparison table (markdown and CSV) and bar charts (PNG).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .errors import ConfigError, one_of
+
+BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+@dataclass(frozen=True)
+class Axis:
+    key: str  # the config key the axis sets
+    values: tuple  # every valid value, baseline first
+
+
+AXES: dict[str, Axis] = {
+    "precision": Axis("hardware.precision", ("fp32", "fp16", "bf16")),
+    "compile": Axis("hardware.compile", (False, True)),
+    "gradient_checkpointing": Axis("hardware.gradient_checkpointing", (False, True)),
+    "bucketing": Axis("data.bucketing", (False, True)),
+    "fused_adamw": Axis("hardware.fused_adamw", (False, True)),
+}
+# The decision (optimizations.NAMES) that tells whether a cell's request was honoured.
+DECISIONS = {"precision": "precision", "compile": "compile", "gradient_checkpointing": "gradient_checkpointing",
+             "bucketing": "bucketing", "fused_adamw": "fused_adamw"}
+
+
+def parse_grid(spec: Optional[str]) -> dict[str, tuple]:
+    """``"precision=fp32,bf16 compile=off,on"`` -> {"precision": ("fp32", "bf16"), "compile": (False, True)}.
+    None or empty: every value of every axis."""
+    if not spec or not spec.strip():
+        return {name: axis.values for name, axis in AXES.items()}
+    grid: dict[str, tuple] = {}
+    for token in spec.replace(";", " ").split():
+        name, sep, raw = token.partition("=")
+        if not sep or not raw:
+            raise ConfigError(f"grid entry {token!r} is malformed: write axis=value1,value2 "
+                              f"(axes: {', '.join(AXES)})")
+        if name not in AXES:
+            raise ConfigError(f"unknown grid key {one_of(name, AXES)}")
+        if name in grid:
+            raise ConfigError(f"grid key {name!r} is given twice: list all its values once, e.g. {name}=a,b")
+        grid[name] = tuple(_value(name, v) for v in raw.split(",") if v)
+    return grid
+
+
+def _value(axis: str, raw: str) -> Any:
+    valid = AXES[axis].values
+    if isinstance(valid[0], bool):
+        if raw.lower() not in BOOLS:
+            raise ConfigError(f"grid {axis}={raw!r} is invalid (valid: on, off, true, false)")
+        return BOOLS[raw.lower()]
+    if raw not in valid:
+        raise ConfigError(f"grid {axis}={raw!r} is invalid (valid: {', '.join(valid)})")
+    return raw
+
+
+@dataclass(frozen=True)
+class Cell:
+    values: tuple  # ((axis, value), ...) in grid order
+
+    @property
+    def name(self) -> str:
+        return " ".join(f"{a}={_show(v)}" for a, v in self.values)
+
+    def apply(self, base: Any) -> Any:
+        """``base`` (a typed Config) with this cell's settings, validated; the same keys as the overrides
+        ``hardware.precision=bf16 ...`` (cheaper than composing Hydra once per cell)."""
+        cfg = copy.deepcopy(base)
+        for axis, value in self.values:
+            section, key = AXES[axis].key.split(".")
+            setattr(getattr(cfg, section), key, value)
+        return cfg.validate()
+
+
+def _show(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def cells(grid: dict[str, tuple]) -> list[Cell]:
+    names = list(grid)
+    return [Cell(tuple(zip(names, combo))) for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def skip_reason(cell: Cell, device: Any, cfg: Any) -> str:
+    """Why the device cannot honour ``cell`` (empty: it can), from the optimizations' own checks."""
+    from .optimizations import bucketing, compile as compile_opt, fused_adamw, precision as precision_opt
+
+    checks = {"compile": lambda: compile_opt.supported(device), "fused_adamw": lambda: fused_adamw.supported(device),
+              "bucketing": lambda: bucketing.supported(cfg.data.padding)}
+    for axis, value in cell.values:
+        if axis == "precision":
+            decision = precision_opt.resolve(value, device)
+            if decision.changed:
+                return f"precision {value}: {decision.reason}"
+        if value is True and axis in checks:
+            ok, reason = checks[axis]()
+            if not ok:
+                return f"{axis}: {reason}"
+    return ""
+
+
+@dataclass
+class Row:
+    cell: Cell
+    status: str = "ok"  # ok | skipped | failed
+    reason: str = ""
+    samples: list = field(default_factory=list)  # one metrics dict per repeat
+    run_ids: list = field(default_factory=list)
+
+    def median(self, key: str) -> Optional[float]:
+        values = [m[key] for m in self.samples if m.get(key) is not None]
+        return statistics.median(values) if values else None
+
+
+@dataclass
+class Report:
+    rows: list
+    baseline: Optional[Row]
+    table: Any  # pandas DataFrame
+    files: dict  # kind -> path
+    parent_run_id: Optional[str]
+    memory_source: str
+
+    def markdown(self) -> str:
+        return Path(self.files["markdown"]).read_text()
+
+
+def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: Optional[int] = None,
+        repeats: int = 1, out_dir: Optional[str] = None, device: Any = None, progress: bool = True) -> Report:
+    """Run the grid on ``overrides`` (the base config) and return the comparison. ``steps`` None: one epoch per
+    cell (length bucketing sorts each megabatch longest first, so only whole megabatches measure it fairly). A bad
+    grid or config is a ConfigError before anything runs."""
+    from . import config, data as data_mod, hardware, tracking
+
+    if (steps is not None and steps < 1) or repeats < 1:
+        raise ConfigError(f"benchmark steps={steps} and repeats={repeats} must both be >= 1")
+    grid = parse_grid(grid_spec)
+    device = device or hardware.detect()
+    fixed = ([f"train.max_steps={steps}", "train.epochs=1000"] if steps else ["train.max_steps=-1", "train.epochs=1"])
+    fixed.append("tracking.log_model=false")
+    base = config.load([*overrides, *fixed], device=device)
+    if steps is not None and steps <= base.train.warmup_steps_excluded:
+        raise ConfigError(f"benchmark steps={steps} leaves no steady state after train.warmup_steps_excluded="
+                          f"{base.train.warmup_steps_excluded}: use more steps")
+    rows = []
+    for cell in cells(grid):
+        why = skip_reason(cell, device, base)
+        rows.append(Row(cell, "skipped", why) if why else Row(cell))
+    runnable = [r for r in rows if r.status == "ok"]
+    configs = {r.cell: r.cell.apply(base) for r in runnable}
+    dataset = data_mod.load(base.data)
+    memory_source = "CUDA peak allocated" if device.is_cuda else "CPU peak tensor bytes of the worst step (eager)"
+    out = Path(out_dir or tempfile.mkdtemp(prefix="maxout-benchmark-"))
+    out.mkdir(parents=True, exist_ok=True)
+    parent = tracking.start(base.tracking, run_name=f"benchmark-{base.model.name}-{base.hardware.name}",
+                            tags={"maxout.command": "benchmark", "maxout.model": base.model.name,
+                                  "maxout.data": base.data.name, "maxout.hardware_profile": base.hardware.name})
+    with tracking.closing(parent):
+        parent.log_params({"benchmark.grid": " ".join(f"{a}={','.join(map(_show, v))}" for a, v in grid.items()),
+                           "benchmark.steps": str(steps or "one epoch"), "benchmark.repeats": str(repeats),
+                           "benchmark.overrides": " ".join(overrides), "benchmark.memory": memory_source,
+                           "device.name": device.name, "device.kind": device.kind})
+        for repeat in range(repeats):  # rounds interleave the cells: machine noise hits every cell alike
+            for i, row in enumerate(runnable):
+                if row.status != "ok":
+                    continue
+                if progress:
+                    print(f"maxout: benchmark round {repeat + 1}/{repeats}, cell {i + 1}/{len(runnable)}: "
+                          f"{row.cell.name}", file=sys.stderr)
+                _run_cell(row, configs[row.cell], device, dataset, repeat, repeats)
+        baseline = next((r for r in rows if r.status == "ok"), None)
+        table = comparison(rows, baseline)
+        files = write(table, baseline, memory_source, device, steps, repeats, out)
+        for path in files.values():
+            parent.log_artifact(str(path), "benchmark")
+        speedups = [v for v in table["speed-up"] if v is not None and not math.isnan(v)]
+        parent.log_metrics({"benchmark/cells": float(len(rows)), "benchmark/cells_run": float(len(runnable)),
+                            "benchmark/best_speedup": max(speedups) if speedups else None})
+        if baseline is not None:
+            parent.set_tags({"maxout.benchmark_baseline": baseline.cell.name})
+    return Report(rows, baseline, table, files, parent.run_id, memory_source)
+
+
+def _run_cell(row: Row, cfg: Any, device: Any, dataset: Any, repeat: int, repeats: int) -> None:
+    from . import tracking
+    from .train import train
+
+    _fresh_process_state(cfg, device)
+    name = row.cell.name + (f" #{repeat + 1}" if repeats > 1 else "")
+    child = tracking.start(cfg.tracking, run_name=name, nested=True, system_metrics=False,
+                           tags={"maxout.command": "benchmark-cell", "maxout.cell": row.cell.name,
+                                 "maxout.repeat": str(repeat + 1)})
+    try:
+        with tracking.closing(child):  # FAILED with the reason, or KILLED on Ctrl-C (which also stops the grid)
+            result = train(cfg, tracker=child, progress=False, device=device, verbose=False, dataset=dataset)
+            metrics = dict(result.metrics)
+            if not device.is_cuda:
+                metrics["mem/peak_tensor_gb"] = _cpu_step_memory(result.setup, cfg)
+                child.log_metrics({"mem/peak_tensor_gb": metrics["mem/peak_tensor_gb"]},
+                                  step=result.setup.total_steps)
+            fallbacks = [f"{axis}: {d.reason}" for axis, _ in row.cell.values
+                         if (d := result.setup.decision(DECISIONS[axis])).changed]
+            del result
+    except Exception as err:  # one broken cell must not lose the others: record it and go on
+        row.status, row.reason = "failed", f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+        return
+    row.run_ids.append(child.run_id)
+    if fallbacks:  # a setting fell back at build time: the cell did not measure what it names
+        row.status, row.reason = "skipped", "; ".join(fallbacks)
+        return
+    row.samples.append(metrics)
+
+
+def _fresh_process_state(cfg: Any, device: Any) -> None:
+    """Each cell starts clean: a compiled cell compiles from scratch (dynamo would also hit its recompile limit
+    after a few cells and silently run eager), and no device memory stays cached from the previous cell."""
+    import torch
+
+    from .train.oom import free_cached
+
+    if cfg.hardware.compile:
+        torch._dynamo.reset()
+    free_cached(device.torch_device)
+
+
+def _cpu_step_memory(setup: Any, cfg: Any) -> float:
+    from .batch_finder import StepProbe
+    from .tensor_memory import GIB
+
+    setup.forward = setup.model  # count eager tensors (a compiled graph allocates outside the dispatcher)
+    probe = StepProbe(setup, target=cfg.train.target_effective_batch or setup.micro_batch, budget_bytes=None)
+    return (probe.peak_bytes(setup.micro_batch) or 0) / GIB
+
+
+def comparison(rows: Sequence[Row], baseline: Optional[Row]) -> Any:
+    """One line per cell: medians over repeats, speed-up and memory ratio vs the baseline cell."""
+    import pandas as pd
+
+    base_speed = baseline.median("perf/steady_samples_per_s") if baseline else None
+    base_mem = _memory(baseline) if baseline else None
+    records = []
+    for row in rows:
+        speed, mem = row.median("perf/steady_samples_per_s"), _memory(row)
+        records.append({
+            "cell": row.cell.name, **{a: _show(v) for a, v in row.cell.values}, "status": row.status,
+            "steady samples/s": speed, "steady tokens/s": row.median("perf/steady_tokens_per_s"),
+            "speed-up": speed / base_speed if speed and base_speed else None,
+            "peak memory GiB": mem, "memory ratio": mem / base_mem if mem and base_mem else None,
+            "MFU": row.median("perf/mfu"), "GPU util %": row.median("gpu/utilization_mean"),
+            "compile s": row.median("time/compile_s"), "reason": row.reason})
+    return pd.DataFrame.from_records(records)
+
+
+def _memory(row: Row) -> Optional[float]:
+    return row.median("mem/peak_allocated_gb") or row.median("mem/peak_tensor_gb")
+
+
+def write(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: Optional[int], repeats: int,
+          out: Path) -> dict:
+    files = {"markdown": out / "benchmark.md", "csv": out / "benchmark.csv",
+             "speedup_png": out / "speedup.png", "memory_png": out / "memory.png"}
+    table.to_csv(files["csv"], index=False)
+    files["markdown"].write_text(markdown(table, baseline, memory_source, device, steps, repeats))
+    plot(table, "speed-up", f"steady-state samples/s vs baseline ({device.name})", files["speedup_png"])
+    plot(table, "memory ratio", f"peak memory vs baseline ({memory_source})", files["memory_png"])
+    return files
+
+
+def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: Optional[int],
+             repeats: int) -> str:
+    head = ["Cell", "Samples/s", "Tokens/s", "Speed-up", "Peak memory (GiB)", "Memory ratio", "MFU", "GPU util %",
+            "Compile (s)", "Note"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table.to_dict("records"):
+        note = r["reason"] or ("baseline" if baseline and r["cell"] == baseline.cell.name else "")
+        if r["status"] != "ok":
+            note = f"{r['status']}: {note}"
+        values = [r["cell"], _fmt(r["steady samples/s"], ".1f"), _fmt(r["steady tokens/s"], ".0f"),
+                  _fmt(r["speed-up"], ".2f", "x"), _fmt(r["peak memory GiB"], ".3f"),
+                  _fmt(r["memory ratio"], ".2f", "x"), _fmt(r["MFU"], ".1%"), _fmt(r["GPU util %"], ".0f"),
+                  _fmt(r["compile s"], ".1f"), note.replace("|", "/")]
+        lines.append("| " + " | ".join(values) + " |")
+    caption = (f"Device: {device.name} ({device.kind}); {f'{steps} optimizer steps' if steps else 'one epoch'} per "
+               f"cell, steady state (warm-up "
+               f"excluded), median of {repeats} interleaved repeat(s); memory: {memory_source}; ratios vs the "
+               f"baseline cell ({baseline.cell.name if baseline else 'none: no cell ran'}).")
+    return caption + "\n\n" + "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return format(value, spec) + suffix
+
+
+def plot(table: Any, column: str, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and in CI
+    import matplotlib.pyplot as plt
+
+    ran = table[table[column].notna()]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(ran), 1) + 1.5))
+    bars = ax.barh(list(ran["cell"]), list(ran[column]), color="tab:blue")
+    ax.bar_label(bars, fmt="%.2fx", padding=2, fontsize=8)
+    ax.margins(x=0.12)  # room for the labels
+    ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{column} (x baseline)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,114 @@
+"""The ablation benchmark: a 2x2 grid makes 4 nested MLflow runs under one parent, a comparison table (markdown,
+CSV) and bar charts; cells the device cannot honour are skipped with the reason; bad grids are one-line errors."""
+
+from __future__ import annotations
+
+import mlflow
+import pandas as pd
+import pytest
+
+from maxout import benchmark, cli
+
+from .conftest import runs_in
+
+BASE = ["hardware=cpu", "model=tiny"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_2x2_grid_makes_4_child_runs_a_table_and_charts(mlflow_store, tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = cli.main(["benchmark", *BASE, *mlflow_store["overrides"], "--grid", "bucketing=off,on fused_adamw=off,on",
+                     "--steps", "5", "--out", str(out), "--no-progress"])
+    assert code == 0
+    runs = runs_in(mlflow_store["uri"])
+    parents = [r for r in runs if r.data.tags.get("maxout.command") == "benchmark"]
+    children = [r for r in runs if r.data.tags.get("maxout.command") == "benchmark-cell"]
+    assert len(parents) == 1 and len(children) == 4 and len(runs) == 5
+    parent = parents[0]
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert {r.info.experiment_id for r in runs} == {parent.info.experiment_id}
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert {r.data.tags["maxout.cell"] for r in children} == {
+        "bucketing=off fused_adamw=off", "bucketing=off fused_adamw=on", "bucketing=on fused_adamw=off",
+        "bucketing=on fused_adamw=on"}
+    for child in children:  # each cell ran what it names, and measured the steady state
+        cell = child.data.tags["maxout.cell"]
+        assert child.data.params["opt.bucketing.effective"] == str("bucketing=on" in cell).lower()
+        assert child.data.params["opt.fused_adamw.effective"] == str("fused_adamw=on" in cell).lower()
+        assert child.data.metrics["perf/steady_samples_per_s"] > 0 and child.data.metrics["mem/peak_tensor_gb"] > 0
+
+    table = pd.read_csv(out / "benchmark.csv")
+    assert list(table["cell"])[0] == "bucketing=off fused_adamw=off" and len(table) == 4
+    assert table["speed-up"].iloc[0] == pytest.approx(1.0) and table["memory ratio"].iloc[0] == pytest.approx(1.0)
+    by_cell = {r.data.tags["maxout.cell"]: r.data.metrics for r in children}
+    for row in table.to_dict("records"):  # the table is computed from what the runs logged
+        assert row["steady samples/s"] == pytest.approx(by_cell[row["cell"]]["perf/steady_samples_per_s"])
+        assert row["speed-up"] == pytest.approx(row["steady samples/s"] / table["steady samples/s"].iloc[0])
+    markdown = (out / "benchmark.md").read_text()
+    assert "| Cell | Samples/s |" in markdown and "baseline" in markdown and markdown.count("\n|") == 6
+    for png in ("speedup.png", "memory.png"):
+        assert (out / png).read_bytes()[:8] == PNG
+    logged = {a.path for a in mlflow.MlflowClient(mlflow_store["uri"]).list_artifacts(parent.info.run_id, "benchmark")}
+    assert logged == {"benchmark/benchmark.md", "benchmark/benchmark.csv", "benchmark/speedup.png",
+                      "benchmark/memory.png"}
+    assert "| bucketing=off fused_adamw=off |" in capsys.readouterr().out
+
+
+def test_cells_the_device_cannot_honour_are_skipped_with_the_reason(cpu_device, tmp_path):
+    report = benchmark.run([*BASE, "tracking=none"], grid_spec="precision=fp16 compile=off",
+                           out_dir=str(tmp_path), device=cpu_device, progress=False)
+    (row,) = report.rows
+    assert row.status == "skipped" and "no CUDA device" in row.reason and row.samples == []
+    assert "skipped: precision fp16: no CUDA device" in report.markdown()
+    assert "one epoch per cell" in report.markdown() and report.baseline is None
+
+
+def test_bucketing_with_static_padding_is_skipped(cpu_device):
+    grid = benchmark.parse_grid("bucketing=on")
+    from maxout import config
+
+    cfg = config.load([*BASE, "data.padding=max_length"], device=cpu_device)
+    assert "pads every row to the same length" in benchmark.skip_reason(benchmark.cells(grid)[0], cpu_device, cfg)
+
+
+def test_the_default_grid_is_every_value_of_every_axis():
+    grid = benchmark.parse_grid(None)
+    assert grid["precision"] == ("fp32", "fp16", "bf16") and len(benchmark.cells(grid)) == 3 * 2 * 2 * 2 * 2
+    assert benchmark.cells(grid)[0].name == ("precision=fp32 compile=off gradient_checkpointing=off bucketing=off "
+                                             "fused_adamw=off")
+
+
+@pytest.mark.parametrize("grid,message", [
+    ("precison=fp32", "unknown grid key 'precison' (valid: precision, compile, gradient_checkpointing, bucketing, "
+                      "fused_adamw)"),
+    ("precision=fp8", "grid precision='fp8' is invalid (valid: fp32, fp16, bf16)"),
+    ("compile=maybe", "grid compile='maybe' is invalid (valid: on, off, true, false)"),
+    ("compile", "grid entry 'compile' is malformed: write axis=value1,value2"),
+    ("compile=on compile=off", "grid key 'compile' is given twice"),
+])
+def test_bad_grids_are_one_line_usage_errors_and_run_nothing(grid, message, mlflow_store, capsys):
+    assert cli.main(["benchmark", *BASE, *mlflow_store["overrides"], "--grid", grid, "--steps", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"maxout: error: {message}") and "\n" not in err, err
+    assert not (mlflow_store["dir"] / "mlflow.db").exists()  # rejected before anything touched the store
+
+
+def test_a_failing_cell_is_recorded_and_the_others_still_run(cpu_device, tmp_path, monkeypatch):
+    import maxout.train
+
+    real_train = maxout.train.train
+
+    def train(cfg, **kwargs):
+        if cfg.hardware.fused_adamw:
+            raise RuntimeError("kernel exploded\nsecond line")
+        return real_train(cfg, **kwargs)
+
+    monkeypatch.setattr(maxout.train, "train", train)
+    report = benchmark.run([*BASE, "tracking=none"], grid_spec="fused_adamw=off,on", steps=4, out_dir=str(tmp_path),
+                           device=cpu_device, progress=False)
+    ok, failed = report.rows
+    assert ok.status == "ok" and ok.median("perf/steady_samples_per_s") > 0
+    assert (failed.status, failed.reason) == ("failed", "RuntimeError: kernel exploded")
+    markdown = report.markdown()
+    assert "| fused_adamw=on | – |" in markdown and "failed: RuntimeError: kernel exploded" in markdown
