@@ -1,8 +1,10 @@
 """``train(cfg)``: one fine-tuning run, tracked. The CLI, HPO and benchmarks all call this.
 
-Everything that can be wrong with the input (config, data files, columns, labels, model availability) is checked
-before the tracking run starts, so bad input never leaves a run behind; after it starts, any failure ends the
-run as FAILED (or KILLED on Ctrl-C / SIGTERM) with the reason as a tag.
+Everything that can be wrong with the input (config, data files, columns, labels, model availability, tracking
+store, the checkpoint to resume) is checked by validation.py before the tracking run starts, so bad input never
+leaves a run behind; after it starts, any failure ends the run as FAILED (or KILLED on Ctrl-C / SIGTERM) with the
+reason as a tag. Checkpoints are saved as it trains (checkpointing.py); ``resume=auto`` continues the same MLflow
+run from the last one (resume.py).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from .. import data as data_mod
-from .. import hardware, inference, metrics as m, modeling, tracking
+from .. import hardware, inference, metrics as m, tracking, validation
 from ..config import Config, to_dict
 from ..optimizations import lora
 from .callbacks import Callback
 from .loop import fit
-from .setup import Setup, build, resolve_micro_batch
+from .setup import Setup, build
 
 
 @dataclass
@@ -111,16 +113,15 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
     nested child run) is logged to but left open for its owner to close. ``dataset`` replaces loading
     ``cfg.data`` (k-fold passes each fold's split)."""
     device = device or hardware.detect()
-    dataset = dataset or data_mod.load(cfg.data)  # validates files, columns and labels: no run exists yet
-    tokenizer = modeling.load_tokenizer(cfg.model)  # a missing model fails here too
-    if cfg.model.source != "config":
-        modeling.weights_location(cfg.model)
-    resolve_micro_batch(cfg)
+    checked = validation.check(cfg, dataset)  # every input problem at once, before a run exists
+    dataset, tokenizer, resuming = checked.dataset, checked.tokenizer, checked.resume
     owned = tracker is None
     if owned:
         tracker = tracking.start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",
                                  tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
-                                       "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+                                       "maxout.model": cfg.model.name, "maxout.data": cfg.data.name,
+                                       "maxout.run_key": resuming.run_key},
+                                 run_id=resuming.run_id)
     guard = tracking.closing(tracker) if owned else _no_close(tracker)
     with guard:
         setup = build(cfg, device, dataset, tokenizer)
@@ -132,16 +133,22 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
         tracker.log_dict({**device.to_dict(), "profile": cfg.hardware.name,
                           "profile_description": cfg.hardware.description}, "hardware.json")
         tracker.log_dict(library_versions(), "versions.json")
-        results = fit(setup, tracker, callbacks, progress=progress)
+        state = resuming.restore(setup)
+        if state is not None:
+            tracker.set_tags({"maxout.resumed_from_step": state.step})
+        results = fit(setup, tracker, [*callbacks, *resuming.checkpointer(setup, tracker)], progress, state)
         mean_len = results["train/real_tokens"] / max(results["train/samples"], 1)
         flops = m.flops_per_token(setup.model, setup.model_config, mean_len)
         peak = hardware.peak_flops(device, setup.decision("precision").effective, setup.decision("tf32").effective)
         results["perf/mfu"] = m.mfu(flops, results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]),
                                     peak)
         results["perf/flops_per_token"] = flops
+        # fit logged the last evaluation at the last step already: once is enough in the history
+        tracker.log_metrics({k: v for k, v in results.items() if not k.startswith("eval/")}, step=setup.total_steps)
         results["eval/majority_baseline"] = majority_baseline(dataset.validation.labels)
-        tracker.log_metrics(results, step=setup.total_steps)
+        tracker.log_metrics({"eval/majority_baseline": results["eval/majority_baseline"]}, step=setup.total_steps)
         model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
+    resuming.finished()
     return TrainResult({k: v for k, v in results.items() if v is not None}, tracker.run_id, model_uri, setup, params)
 
 
