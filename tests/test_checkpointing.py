@@ -76,6 +76,8 @@ def test_a_run_resumed_after_a_crash_matches_an_uninterrupted_one(tmp_path, mlfl
     final, uninterrupted = result.setup.model.state_dict(), expected.setup.model.state_dict()
     assert all(torch.allclose(final[k], uninterrupted[k], atol=1e-6) for k in uninterrupted)
     assert not (tmp_path / "ckpt" / key).exists()  # a finished run keeps no checkpoints
+    artifacts = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(run.info.run_id)}
+    assert "config.yaml" in artifacts and "checkpoints" not in artifacts  # uploaded only when configured
 
 
 def test_resume_refuses_a_checkpoint_whose_data_changed(tmp_path):
@@ -89,11 +91,14 @@ def test_resume_refuses_a_checkpoint_whose_data_changed(tmp_path):
         train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
 
 
-def test_resume_of_an_unknown_or_differently_configured_run_names_the_fix(tmp_path):
-    overrides = small(tmp_path, "tracking=none")
+def test_uploaded_checkpoints_and_resume_of_an_unknown_or_differently_configured_run(tmp_path, mlflow_store):
+    overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={tmp_path / 'spool'}",
+                      "checkpoint.log_to_mlflow=true")
     with pytest.raises(RuntimeError):
         train(config.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
     [run_dir] = (tmp_path / "ckpt").glob("*/*")
+    uploaded = mlflow.MlflowClient(mlflow_store["uri"]).list_artifacts(run_dir.name, "checkpoints")
+    assert [a.path for a in uploaded] == ["checkpoints/step-00000003.pt"]
     with pytest.raises(ConfigError, match="started with another config .* repeat its exact overrides"):
         resume.plan(config.load([*overrides, "train.lr=1e-3", f"resume={run_dir.name}"]))
     with pytest.raises(ConfigError, match="no checkpoint of that run"):

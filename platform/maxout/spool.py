@@ -207,8 +207,8 @@ class Sender:
                         return False
                     if self.offline_since is None:
                         self.offline_since, self.outages = time.monotonic(), self.outages + 1
-                        log.warning("maxout: tracking server unreachable (%s); keeping its records in %s until it is back",
-                                    type(err).__name__, self.spool.path)
+                        log.warning("maxout: tracking server unreachable (%s); keeping its records in %s until "
+                                    "it is back", type(err).__name__, self.spool.path)
                     return False
                 self.spool.ack(record["seq"])
             if self.offline_since is not None:

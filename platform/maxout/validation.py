@@ -79,8 +79,8 @@ def _environment() -> list[MaxoutError]:
 
 def _check_all(cfg: Config, dataset: Any, problems: list) -> Checked:
     if dataset is None and _valid(cfg.data):
-        found = [_collect(problems, data.existing_file, p) for p in (cfg.data.train_path, cfg.data.validation_path) if p]
-        if all(found):
+        paths = [p for p in (cfg.data.train_path, cfg.data.validation_path) if p]
+        if all([_collect(problems, data.existing_file, p) for p in paths]):  # a list: report each missing file
             dataset = _collect(problems, data.load, cfg.data)
     tokenizer = None
     if _valid(cfg.model):
@@ -118,13 +118,16 @@ def _experiment_exists(uri: str, experiment_id: str) -> None:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    try:
-        if uri.startswith("sqlite:") and not Path(uri.split(":///", 1)[-1]).is_file():
-            raise MlflowException("no such store yet")  # asking would create it (and log MLflow's set-up)
-        mlflow.MlflowClient(uri).get_experiment(experiment_id)
-    except MlflowException:
+    # A SQLite store that does not exist yet holds no experiment (and asking would create it, noisily).
+    exists = not uri.startswith("sqlite:") or Path(uri.split(":///", 1)[-1]).is_file()
+    if exists:
+        try:
+            mlflow.MlflowClient(uri).get_experiment(experiment_id)
+        except MlflowException:
+            exists = False
+    if not exists:
         raise ConfigError(f"MLFLOW_EXPERIMENT_ID={experiment_id!r} is not an experiment in "
-                          f"{tracking.redact(uri)}; unset it, or set MLFLOW_EXPERIMENT_NAME instead") from None
+                          f"{tracking.redact(uri)}; unset it, or set MLFLOW_EXPERIMENT_NAME instead")
 
 
 def _writable(path: Path, key: str, problems: list) -> None:
