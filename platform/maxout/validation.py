@@ -4,8 +4,8 @@ exit code; several exit 2 when any of them is a usage error).
 
 ``load_config(overrides)`` is what the CLI calls: the config, with every bad override and value listed (and, when
 the config has problems, whatever is also wrong with the data, model and environment). ``check(cfg)`` is what
-``train()`` calls first: data files, columns and labels, model availability, tracking store, writable
-directories, and the checkpoint a ``resume`` asks for.
+``train()`` calls first: data files, columns and labels, model availability, tracking store (reachable, and
+accepting the login: preflight.py), writable directories, and the checkpoint a ``resume`` asks for.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlparse
 
-from . import config, data, hardware, modeling, resume as resume_mod, spool, tracking
+from . import config, data, hardware, modeling, preflight, resume as resume_mod, spool, tracking
 from .config import Config
 from .errors import ConfigError, MaxoutError, combined
 from .train.setup import resolve_micro_batch
@@ -107,7 +107,8 @@ def _tracking_store(cfg: Config, problems: list) -> None:
         return
     if scheme == "sqlite":
         _writable(Path(uri.split(":///", 1)[-1]).parent, f"the directory of {source}", problems)
-    if _collect(problems, tracking.check_reachable, uri) is None:
+    if _collect(problems, tracking.check_reachable, uri) is None or not _collect(
+            problems, preflight.check_credentials, uri):
         return
     experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
     if experiment_id and not problems:
