@@ -118,9 +118,12 @@ class Spool:
             return list(self._pending)
 
     def remove(self) -> None:
+        """Delete the file once everything in it was delivered (and the spool folder, if that left it empty)."""
         with self._lock:
             if not self._pending:
                 self.path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.path.parent.rmdir()
 
 
 def _ends_with_newline(path: Path) -> bool:

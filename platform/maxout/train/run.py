@@ -136,6 +136,8 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
         state = resuming.restore(setup)
         if state is not None:
             tracker.set_tags({"maxout.resumed_from_step": state.step})
+            if verbose:
+                print(f"maxout: resuming from step {state.step} of {resuming.checkpoint}", file=sys.stderr)
         results = fit(setup, tracker, [*callbacks, *resuming.checkpointer(setup, tracker)], progress, state)
         mean_len = results["train/real_tokens"] / max(results["train/samples"], 1)
         flops = m.flops_per_token(setup.model, setup.model_config, mean_len)
