@@ -7,31 +7,41 @@ for runtime ones; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, NoReturn, Optional, Sequence
 
-from .errors import MaxoutError
+from .errors import ConfigError, MaxoutError, USAGE
 
 
 def split_overrides(positional: Sequence[str], overrides: Optional[str]) -> list[str]:
     """Positional overrides as given, plus ``--overrides "a=1 b=2"`` split like a shell would (MLproject's
     free-form parameter arrives as one token)."""
-    return list(positional) + (shlex.split(overrides) if overrides else [])
+    try:
+        return list(positional) + (shlex.split(overrides) if overrides else [])
+    except ValueError as err:
+        raise ConfigError(f"--overrides {overrides!r} cannot be split ({err}); balance its quotes") from None
+
+
+_MAIN_PID = os.getpid()
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     from .tracking import Terminated
 
+    if os.getpid() != _MAIN_PID:  # a forked DataLoader worker inherits this handler: the main process shuts it down
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not interrupt closing the run
     raise Terminated()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from . import config, registry
+    from . import config, registry, validation
     from .train import train
 
-    cfg = config.load(split_overrides(args.overrides, args.overrides_string))
+    cfg = validation.load_config(split_overrides(args.overrides, args.overrides_string))
     if args.cfg:
         from omegaconf import OmegaConf
 
@@ -154,6 +164,23 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tracking_replay(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import spool
+
+    paths = [Path(p) for p in args.spool] or sorted(spool.default_dir().glob("*.jsonl"))
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise MaxoutError(f"spool file not found: {', '.join(missing)}; pass files from {spool.default_dir()}",
+                          exit_code=USAGE)
+    for path in paths:
+        print(f"maxout: replayed {spool.replay(path, args.tracking_uri)} records from {path}")
+    if not paths:
+        print(f"maxout: nothing to replay in {spool.default_dir()}")
+    return 0
+
+
 def _tracking_uri_for_display(cfg: object) -> str:
     from .tracking import redact, resolve_uri
 
@@ -166,8 +193,18 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                    help='more overrides as one string, split like a shell: --overrides "train.lr=3e-5 seed=1"')
 
 
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: object, **kwargs: object):
+        kwargs.setdefault("allow_abbrev", False)  # a mistyped --no-progres must fail, not start a training run
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """One line, like every other maxout error (argparse prints the usage block first)."""
+        self.exit(USAGE, f"maxout: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="maxout", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="maxout", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="fine-tune a model with the composed config")
@@ -228,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the table, CSV and charts go (default: a temp dir)")
     p.add_argument("--no-progress", action="store_true", help="no per-cell progress lines")
     p.set_defaults(func=cmd_benchmark)
+
+    p = sub.add_parser("tracking", help="tracking utilities")
+    tracking_sub = p.add_subparsers(dest="tracking_command", required=True, metavar="SUBCOMMAND")
+    p = tracking_sub.add_parser("replay", help="send what a run spooled while its tracking server was away")
+    p.add_argument("spool", nargs="*", help="spool files (default: every file in mlruns/spool/)")
+    p.add_argument("--tracking-uri", default=None, help="where to send them (default: the URI the run used)")
+    p.set_defaults(func=cmd_tracking_replay)
     return parser
 
 
@@ -248,7 +292,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .tracking import Terminated
 
         if isinstance(err, Terminated):
+            _end_orphan_run()
             print("maxout: terminated (SIGTERM)", file=sys.stderr)
             return 143
         raise
+
+
+def _end_orphan_run() -> None:
+    """SIGTERM between starting a run and entering its guard (tracking.closing) would leave it RUNNING."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None and mlflow.active_run() is not None:
+        mlflow.end_run("KILLED")
 

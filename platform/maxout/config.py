@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import re
 import typing
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import ConfigError, one_of
+from .errors import ConfigError, HardwareError, combined, one_of
 from .hpo.settings import HpoConfig
 
 CONF_DIR = Path(__file__).parent / "conf"
@@ -28,11 +29,18 @@ PADDING = ("dynamic", "max_length")
 FORMATS = ("auto", "csv", "jsonl", "parquet")
 MODEL_SOURCES = ("package", "pretrained", "config")
 TRACKING_BACKENDS = ("mlflow", "none")
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+# Set while Config.problems() runs: _check records each problem there instead of raising on the first one.
+_problems: ContextVar[Optional[list]] = ContextVar("maxout_config_problems", default=None)
 
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
-        raise ConfigError(message)
+        found = _problems.get()
+        if found is None:
+            raise ConfigError(message)
+        found.append(ConfigError(message))
 
 
 def _positive_int_or_auto(value: Any, key: str, allow_none: bool = False) -> None:
@@ -103,7 +111,8 @@ class ModelConfig:
         _check(self.lora_r > 0, f"model.lora_r={self.lora_r} must be > 0")
         if self.source == "pretrained":
             _check(bool(self.name_or_path or self.path),
-                   f"model '{self.name}' has source=pretrained but neither model.name_or_path nor model.path")
+                   f"model '{self.name}' has source=pretrained but neither model.name_or_path nor model.path; "
+                   f"set model.path=DIR (a save_pretrained folder) or model.name_or_path=HUB_ID")
 
 
 @dataclass
@@ -184,6 +193,7 @@ class TrackingConfig:
     log_model: bool = True
     s3_endpoint_url: Optional[str] = None  # direct S3 mode: sets MLFLOW_S3_ENDPOINT_URL for the client
     tags: dict = field(default_factory=dict)
+    spool_dir: Optional[str] = None  # local journal of undelivered writes (spool.py); None: <root>/mlruns/spool
 
     def validate(self) -> None:
         _check(self.backend in TRACKING_BACKENDS, f"tracking.backend={one_of(self.backend, TRACKING_BACKENDS)}")
@@ -215,8 +225,11 @@ class RegistryConfig:
 class CheckpointConfig:
     """Training checkpoints (see checkpointing.py)."""
 
+    enabled: bool = True  # off: nothing saved, resume=auto always starts afresh
     every_n_steps: int = 0  # 0: only at epoch ends
     keep_last: int = 2
+    dir: Optional[str] = None  # None: <project root>/checkpoints; each run under <dir>/<run key>/<run id>/
+    log_to_mlflow: bool = False  # also upload each checkpoint to the run's artifacts (checkpoints/)
 
     def validate(self) -> None:
         _check(self.every_n_steps >= 0, f"checkpoint.every_n_steps={self.every_n_steps} must be >= 0")
@@ -253,12 +266,30 @@ class Config:
     batch_finder: BatchFinderConfig = field(default_factory=BatchFinderConfig)
     hpo: Optional[HpoConfig] = None  # the hpo/ group; null unless `maxout hpo` or hpo=... selects one
     debug: Optional[Any] = None
+    resume: Optional[str] = None  # auto: continue this config's last unfinished run | an MLflow run id (resume.py)
+
+    def problems(self) -> list[ConfigError]:
+        """Every invalid value in every section, not just the first."""
+        found: list[ConfigError] = []
+        token = _problems.set(found)
+        try:
+            for f in fields(self):
+                section = getattr(self, f.name)
+                if hasattr(section, "validate"):
+                    try:
+                        section.validate()
+                    except ConfigError as err:  # a section that raises instead of calling _check
+                        found.append(err)
+            _check(self.resume in (None, "auto") or bool(RUN_ID.match(str(self.resume))),
+                   f"resume={self.resume!r} is invalid: use resume=auto or an MLflow run id (32 hex characters)")
+        finally:
+            _problems.reset(token)
+        return found
 
     def validate(self) -> "Config":
-        for f in fields(self):
-            section = getattr(self, f.name)
-            if hasattr(section, "validate"):
-                section.validate()
+        found = self.problems()
+        if found:
+            raise combined(found)
         return self
 
     @property
@@ -360,8 +391,9 @@ def _unknown_key(prefix: str, node: Any, cls: type) -> Optional[str]:
     return None
 
 
-def to_typed(raw: Any) -> Config:
-    """Merge a composed DictConfig onto the dataclasses; unknown keys, wrong types and bad values fail here."""
+def to_typed(raw: Any, problems: Optional[list] = None) -> Config:
+    """Merge a composed DictConfig onto the dataclasses; unknown keys, wrong types and bad values fail here.
+    With a ``problems`` list, invalid values are appended to it and the (invalid) Config is returned."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -374,7 +406,11 @@ def to_typed(raw: Any) -> Config:
                               f"{', '.join(_valid_keys(extra))}")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
-        return OmegaConf.to_object(merged).validate()
+        cfg = OmegaConf.to_object(merged)
+        if problems is None:
+            return cfg.validate()
+        problems.extend(cfg.problems())
+        return cfg
     except ConfigError:
         raise
     except OmegaConfBaseException as err:
@@ -386,11 +422,13 @@ def to_typed(raw: Any) -> Config:
         raise ConfigError(f"invalid value for {key}: {message}") from None
 
 
-def load(overrides: list[str] | tuple[str, ...] = (), device: Any = None) -> Config:
+def load(overrides: list[str] | tuple[str, ...] = (), device: Any = None, problems: Optional[list] = None
+         ) -> Config:
     """Compose, resolve ``hardware=auto`` against the detected device, type and validate.
 
     ``device`` is a ``hardware.DeviceInfo`` (detected when None). Asking for a GPU profile on a machine
-    without a visible CUDA device fails here, before any expensive work.
+    without a visible CUDA device fails here, before any expensive work. With a ``problems`` list, invalid
+    values and the hardware mismatch are appended there instead of raised (validation.py lists them all).
     """
     from . import hardware
 
@@ -406,8 +444,13 @@ def load(overrides: list[str] | tuple[str, ...] = (), device: Any = None) -> Con
     raw = compose(overrides)
     if why:
         raw.hardware.description = f"{raw.hardware.get('description', '')} [auto: {why}]".strip()
-    cfg = to_typed(raw)
-    hardware.check_profile(cfg.hardware, device)
+    cfg = to_typed(raw, problems)
+    try:
+        hardware.check_profile(cfg.hardware, device)
+    except HardwareError as err:
+        if problems is None:
+            raise
+        problems.append(err)
     return cfg
 
 

@@ -26,12 +26,17 @@ def resolve_path(path: str) -> Path:
     return p if p.is_absolute() else project_root() / p
 
 
-def read_table(path: str, fmt: str = "auto") -> pd.DataFrame:
-    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly."""
+def existing_file(path: str) -> Path:
     file = resolve_path(path)
     if not file.is_file():
         raise DataError(f"data file not found: {path} (resolved to {file}); check data.train_path / "
                         f"data.validation_path")
+    return file
+
+
+def read_table(path: str, fmt: str = "auto") -> pd.DataFrame:
+    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly."""
+    file = existing_file(path)
     kind = READERS.get(file.suffix.lower()) if fmt == "auto" else fmt
     if kind is None:
         raise DataError(f"cannot tell the format of {path!r} from its extension; set data.format to one of "

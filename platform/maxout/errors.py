@@ -6,6 +6,8 @@ the bad value and what is valid, and fit on one line.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 USAGE = 2  # bad config, bad override, bad CLI arguments: the user must change the command
 RUNTIME = 1  # the command was fine but the run could not complete (missing file, no GPU, ...)
 
@@ -39,3 +41,14 @@ def one_of(value: object, valid: object) -> str:
     """'x' (valid: a, b, c) — the shared tail of most messages."""
     options = ", ".join(str(v) for v in valid) if not isinstance(valid, str) else valid
     return f"{value!r} (valid: {options})"
+
+
+def combined(problems: Sequence[MaxoutError]) -> MaxoutError:
+    """One error for several problems, still one line: '3 problems: a; b; c'. A single problem stays itself;
+    several are a usage error (exit 2) when any of them is one."""
+    if len(problems) == 1:
+        return problems[0]
+    usage = any(p.exit_code == USAGE for p in problems)
+    err = (ConfigError if usage else MaxoutError)(f"{len(problems)} problems: " + "; ".join(map(str, problems)))
+    err.problems = list(problems)
+    return err

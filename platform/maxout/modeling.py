@@ -38,6 +38,8 @@ def weights_location(cfg: ModelConfig) -> str:
     if cfg.path:
         if not Path(cfg.path).expanduser().is_dir():
             raise ModelNotFound(f"model.path={cfg.path!r} is not a directory; point it at a save_pretrained folder")
+        if not (Path(cfg.path).expanduser() / "config.json").is_file():
+            raise ModelNotFound(f"model.path={cfg.path!r} has no config.json; point it at a save_pretrained folder")
         return str(Path(cfg.path).expanduser())
     if Path(cfg.name_or_path).expanduser().is_dir():
         return str(Path(cfg.name_or_path).expanduser())
@@ -59,8 +61,10 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
-        raise ModelNotFound(f"cannot load the tokenizer for model {cfg.name!r} from {source}: "
-                            f"{str(err).splitlines()[0]}") from None
+        fix = ("set model.tokenizer to a tokenizer directory or 'package'" if cfg.source == "config"
+               else "point model.path at a save_pretrained folder that includes the tokenizer")
+        raise ModelNotFound(f"cannot load the tokenizer for model {cfg.name!r} from {source} "
+                            f"({str(err).splitlines()[0]}); {fix}") from None
 
 
 def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int) -> Any:

@@ -1,24 +1,28 @@
 """Trackers behind one small interface: MLflow, and a null tracker that records in memory only.
 
-Step metrics are buffered and sent in batches (``log_batch``, asynchronous), never one blocking call per step:
-a synchronous ``log_metric`` to a server costs ~70 ms. Anything that could carry a credential (a URI with a
-password) is redacted before it becomes a param or tag.
+Step metrics are buffered and sent in batches (``log_batch``, from a sender thread), never one blocking call per
+step: a synchronous ``log_metric`` to a server costs ~70 ms. Metrics, params and tags go through a local spool
+(spool.py) first, so a tracking-server outage mid-run loses nothing. Anything that could carry a credential (a
+URI with a password) is redacted before it becomes a param or tag.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Protocol
 
+from . import spool as spool_mod
 from .config import TrackingConfig, project_root
 from .errors import MaxoutError
 
 _URI_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+log = logging.getLogger("maxout")
 
 
 def redact(value: Any) -> str:
@@ -118,7 +122,7 @@ class MLflowTracker:
     flush_every_s = 10.0
     max_buffer = 500
 
-    def __init__(self, run_id: str, nested: bool = False):
+    def __init__(self, run_id: str, nested: bool = False, spool_dir: Optional[str] = None, resumed: bool = False):
         import mlflow
 
         self.client = mlflow.MlflowClient()
@@ -126,13 +130,22 @@ class MLflowTracker:
         self.nested = nested
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
+        self._spool = spool_mod.Spool(spool_mod.path_for(run_id, spool_dir), run_id,
+                                      redact(mlflow.get_tracking_uri()))
+        self._sender = spool_mod.Sender(self.client, self._spool)
+        self._sender.deliver()  # what a crashed earlier attempt of this run left undelivered goes first
         run = self.client.get_run(run_id)
         self.artifact_uri = run.info.artifact_uri
         self._params = dict(run.data.params)  # e.g. what `mlflow run` already logged
+        # A resumed run replays steps after its last checkpoint: keep the values it already has for those steps.
+        self._floor = {k: max(m.step for m in self.client.get_metric_history(run_id, k))
+                       for k in run.data.metrics} if resumed else {}
+        self._sender.start()
 
     @classmethod
     def start(cls, cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
-              nested: bool = False, system_metrics: Optional[bool] = None) -> "MLflowTracker":
+              nested: bool = False, system_metrics: Optional[bool] = None,
+              run_id: Optional[str] = None) -> "MLflowTracker":
         import mlflow
 
         from . import preflight
@@ -146,7 +159,9 @@ class MLflowTracker:
         mlflow.set_tracking_uri(uri)
         parent = mlflow.active_run() if nested else None  # a nested run lives in its parent's experiment
         experiment_id = parent.info.experiment_id if parent else os.environ.get("MLFLOW_EXPERIMENT_ID")
-        if not experiment_id:
+        if run_id:  # resuming: the run's own experiment
+            experiment_id = mlflow.get_run(run_id).info.experiment_id
+        elif not experiment_id:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment_name
             experiment_id = _experiment_id(name, artifact_location)
         if not nested:
@@ -154,10 +169,10 @@ class MLflowTracker:
         use_system = cfg.system_metrics if system_metrics is None else system_metrics
         if use_system:
             mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name or cfg.run_name, nested=nested,
-                               log_system_metrics=use_system,
+        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=run_name or cfg.run_name,
+                               nested=nested, log_system_metrics=use_system,
                                tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()})
-        return cls(run.info.run_id, nested=nested)
+        return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None)
 
     # -- logging
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -172,29 +187,32 @@ class MLflowTracker:
                                       f"MLflow refuses to change it to {value!r}")
                 continue
             fresh[key] = value
-        items = [Param(k, v) for k, v in fresh.items()]
-        for i in range(0, len(items), 100):  # log_batch takes at most 100 params per call
-            self.client.log_batch(self.run_id, params=items[i:i + 100])
+        self._send(params=[Param(k, v) for k, v in fresh.items()])
         self._params.update(fresh)
 
     def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None)
+        now, step = int(time.time() * 1000), step or 0
+        self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items()
+                            if v is not None and step > self._floor.get(k, -1))
         if len(self._buffer) >= self.max_buffer or time.monotonic() - self._last_flush > self.flush_every_s:
             self.flush()
 
     def flush(self) -> None:
-        while self._buffer:
-            chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
-            self.client.log_batch(self.run_id, metrics=chunk, synchronous=False)
+        """Journal the buffered metrics and hand them to the sender thread (no network wait here)."""
+        self._send(metrics=self._buffer)
+        self._buffer = []
         self._last_flush = time.monotonic()
 
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        from mlflow.entities import RunTag
+    def _send(self, **batch: Any) -> None:
+        if self._sender.error is not None:
+            raise MaxoutError(f"MLflow refused a write to run {self.run_id}: {self._sender.error}")
+        self._spool.append(**batch)
+        self._sender.wake()
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(v)[:5000]) for k, v in tags.items()])
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._send(tags=[_tag(k, v) for k, v in tags.items()])
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
         with _storing(self):
@@ -215,17 +233,43 @@ class MLflowTracker:
     def close(self, status: str = "FINISHED", reason: str = "") -> None:
         import mlflow
 
+        delivered = False
         try:
-            self.flush()
-            mlflow.flush_async_logging()
             if reason:
-                self.set_tags({"maxout.status_reason": reason})
+                self._spool.append(tags=[_tag("maxout.status_reason", reason)])
+            self.flush()
+            delivered = self._sender.close()
         finally:
+            if not delivered:  # the server is away: the end of the run waits in the spool with the rest
+                self._spool.append(end=(status, int(time.time() * 1000)))
+                log.warning("maxout: %d tracking records of run %s could not be delivered (%s); they are kept "
+                            "in %s: run `maxout tracking replay %s` when the server is back",
+                            len(self._spool.pending()), self.run_id, self._sender.error or "server unreachable",
+                            self._spool.path, self._spool.path)
             active = mlflow.active_run()
-            if active is not None and active.info.run_id == self.run_id:
-                mlflow.end_run(status=status)
-            else:
-                self.client.set_terminated(self.run_id, status=status)
+            with contextlib.nullcontext() if delivered else _best_effort():
+                if active is not None and active.info.run_id == self.run_id:
+                    mlflow.end_run(status=status)  # pops the fluent run before it calls the server
+                elif delivered:
+                    self.client.set_terminated(self.run_id, status=status)
+            if delivered:
+                self._spool.remove()
+
+
+def _tag(key: str, value: Any) -> Any:
+    from mlflow.entities import RunTag
+
+    return RunTag(key, redact(value)[:5000])
+
+
+@contextlib.contextmanager
+def _best_effort() -> Iterator[None]:
+    """Ending a run whose server is away: its end is in the spool, so one quick try is enough."""
+    try:
+        with spool_mod.fail_fast_http():
+            yield
+    except Exception as err:  # noqa: BLE001 - recorded in the spool already
+        log.debug("ending the run locally only: %s", err)
 
 
 def _experiment_id(name: str, artifact_location: Optional[str]) -> str:
@@ -274,10 +318,12 @@ def _active(run_id: str) -> Iterator[None]:
 
 
 def start(cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
-          nested: bool = False, system_metrics: Optional[bool] = None) -> Tracker:
+          nested: bool = False, system_metrics: Optional[bool] = None, run_id: Optional[str] = None) -> Tracker:
+    """A new run, or with ``run_id`` the continuation of that run (resume)."""
     if cfg.backend == "none":
         return NullTracker()
-    return MLflowTracker.start(cfg, run_name=run_name, tags=tags, nested=nested, system_metrics=system_metrics)
+    return MLflowTracker.start(cfg, run_name=run_name, tags=tags, nested=nested, system_metrics=system_metrics,
+                               run_id=run_id)
 
 
 class Terminated(BaseException):

@@ -39,9 +39,10 @@ class EpochBatchSampler(torch.utils.data.Sampler):
         self.lengths, self.batch_size, self.seed = lengths, batch_size, seed
         self.bucketing, self.bucket_batches = bucketing, bucket_batches
         self.epoch = 0
+        self.skip = 0  # leading batches of this epoch to leave out (a resumed run consumed them)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip_batches
 
     def batches(self) -> list[list[int]]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
@@ -62,7 +63,7 @@ class EpochBatchSampler(torch.utils.data.Sampler):
         return [i for batch in self.batches() for i in batch]
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches())
+        return iter(self.batches()[self.skip:])
 
     def __len__(self) -> int:
         return -(-len(self.lengths) // self.batch_size)

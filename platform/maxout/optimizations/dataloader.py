@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
@@ -45,11 +46,22 @@ def resolve(hw: Any, device: Any) -> tuple[LoaderSettings, list[Decision]]:
     return settings, [d_workers, d_pin, d_persist, d_prefetch]
 
 
+def leave_sigterm_to_the_main_process(worker_id: int) -> None:
+    """A worker's SIGTERM (a scheduler signals the whole process group) would otherwise kill it mid-batch, and
+    the main process would fail with "DataLoader worker killed" while it closes the run as KILLED; the main
+    process shuts its workers down itself."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def apply(dataset: Any, batches: Iterable[list[int]], collate: Callable, settings: LoaderSettings
           ) -> torch.utils.data.DataLoader:
     """``batches``: a batch sampler (or any iterable of index lists) deciding which rows form each batch."""
     extra = {}
     if settings.num_workers > 0:
-        extra = {"persistent_workers": settings.persistent_workers, "prefetch_factor": settings.prefetch_factor}
+        extra = {"persistent_workers": settings.persistent_workers, "prefetch_factor": settings.prefetch_factor,
+                 "worker_init_fn": leave_sigterm_to_the_main_process}
+    # Its own generator: each new iterator draws a worker seed, which must not come from the global RNG (dropout's):
+    # a run resumed mid-epoch creates its iterator at another point of that stream and would drift.
     return torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate,
-                                       num_workers=settings.num_workers, pin_memory=settings.pin_memory, **extra)
+                                       num_workers=settings.num_workers, pin_memory=settings.pin_memory,
+                                       generator=torch.Generator(), **extra)

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 
 @dataclass
 class TrainState:
+    """Where training is. A checkpoint saves it; fit() continues from a restored one (resume)."""
+
     total_steps: int
     step: int = 0  # optimizer steps done
     epoch: int = 0
+    batches_in_epoch: int = 0  # micro-batches of this epoch consumed so far
     train_loss: float = float("nan")  # mean over the last log interval
+    loss_sum: Any = 0.0  # loss summed since the last log step (a device tensor inside the loop)
+    loss_steps: int = 0  # steps in loss_sum
     first_step_s: float = float("nan")
     eval_metrics: dict = field(default_factory=dict)
 

@@ -1,11 +1,12 @@
 """The training loop. Hook points, in order (each a method of the callbacks in ``callbacks.py``):
 
     on_train_start(state)
-    for each epoch:
+    for each epoch (from a restored state: the rest of its epoch, skipping the micro-batches it consumed):
         for each optimizer step (accum_steps micro-batches: forward, backward; then clip, step, zero_grad):
-            on_step_end(state)                # every step: no host sync here
             every log_every steps:  read loss (the one host sync), log metrics
-            every eval_interval steps, or at epoch end:  evaluate -> on_evaluate(state, metrics)
+            every eval_interval steps:  evaluate -> on_evaluate(state, metrics)
+            on_step_end(state)                # every step, after its logging: no host sync here
+        at epoch end (unless evaluated at this step already):  evaluate -> on_evaluate(state, metrics)
         on_epoch_end(state)
     on_train_end(state)
 
@@ -15,7 +16,7 @@ A callback stops training by raising (e.g. optuna.TrialPruned); the caller decid
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -83,14 +84,17 @@ def _forward_backward(s: Setup, micro_batches: Sequence[dict]) -> torch.Tensor:
     return step_loss
 
 
-def fit(s: Setup, tracker: Any, callbacks: Sequence[Callback] = (), progress: bool = True) -> dict[str, float]:
+def fit(s: Setup, tracker: Any, callbacks: Sequence[Callback] = (), progress: bool = True,
+        state: Optional[TrainState] = None) -> dict[str, float]:
+    """Train from scratch, or from ``state`` restored from a checkpoint (model and optimizer restored too)."""
     tr, device = s.cfg.train, s.device.torch_device
-    hooks, state = CallbackList(callbacks), TrainState(total_steps=s.total_steps)
+    hooks, state = CallbackList(callbacks), state or TrainState(total_steps=s.total_steps)
     meter = m.Throughput(device, warmup_steps=tr.warmup_steps_excluded)
     gpu = m.UtilizationSampler() if s.device.is_cuda else None
-    compile_before, wall_start = compile_opt.compile_seconds(), time.perf_counter()
-    running, running_steps = torch.zeros((), device=device), 0  # loss summed on the device between syncs
-    bar = tqdm(total=s.total_steps, disable=not progress, desc="train", unit="step", dynamic_ncols=True)
+    compile_before, wall_start, first_step = compile_opt.compile_seconds(), time.perf_counter(), state.step + 1
+    state.loss_sum = torch.as_tensor(state.loss_sum, dtype=torch.float32, device=device)  # summed between syncs
+    bar = tqdm(total=s.total_steps, initial=state.step, disable=not progress, desc="train", unit="step",
+               dynamic_ncols=True)
     m.reset_peak_memory(device)
     s.model.train()
     hooks.on_train_start(state)
@@ -105,24 +109,26 @@ def fit(s: Setup, tracker: Any, callbacks: Sequence[Callback] = (), progress: bo
         hooks.on_evaluate(state, state.eval_metrics)
         meter.resume()
 
-    for epoch in range(tr.epochs):
+    for epoch in range(state.epoch, tr.epochs):
+        if state.step >= s.total_steps:  # resumed from the checkpoint after the last step
+            break
         state.epoch = epoch
-        s.sampler.set_epoch(epoch)
+        s.sampler.set_epoch(epoch, skip_batches=state.batches_in_epoch)
         for group in accumulation_groups(s.train_loader, s.accum_steps):
-            running += train_step(s, group, meter)
-            running_steps += 1
+            state.loss_sum += train_step(s, group, meter)
+            state.loss_steps += 1
+            state.batches_in_epoch += len(group)
             state.step += 1
             meter.step()
             bar.update()
-            if state.step == 1:
+            if state.step == first_step:
                 meter.mark()  # one sync: time to first step includes compile and allocator warm-up
                 state.first_step_s = time.perf_counter() - wall_start
-            hooks.on_step_end(state)
             if state.step % tr.log_every == 0 or state.step == s.total_steps:
                 meter.mark()
-                state.train_loss = running.item() / running_steps  # the host sync, once per log interval
-                running.zero_()
-                running_steps = 0
+                state.train_loss = state.loss_sum.item() / state.loss_steps  # the host sync, once per interval
+                state.loss_sum.zero_()
+                state.loss_steps = 0
                 rates = meter.window_rates()
                 tracker.log_metrics({"train/loss": state.train_loss, "train/lr": s.scheduler.get_last_lr()[0],
                                      "train/epoch": epoch + 1, **rates}, step=state.step)
@@ -130,12 +136,14 @@ def fit(s: Setup, tracker: Any, callbacks: Sequence[Callback] = (), progress: bo
                                 samples_s=f"{rates['perf/window_samples_per_s']:.1f}")
             if tr.eval_interval and state.step % tr.eval_interval == 0:
                 run_eval()
+            hooks.on_step_end(state)  # after the step's logging: a checkpoint here resumes without a gap
             if state.step >= s.total_steps:
                 break
         done = state.step >= s.total_steps
         if not tr.eval_interval or (done and state.step % tr.eval_interval):
             run_eval()  # at each epoch end, or after the last step when evaluating every N steps
         hooks.on_epoch_end(state)
+        state.batches_in_epoch = 0
         if done:
             break
 

@@ -1,8 +1,10 @@
 """``train(cfg)``: one fine-tuning run, tracked. The CLI, HPO and benchmarks all call this.
 
-Everything that can be wrong with the input (config, data files, columns, labels, model availability) is checked
-before the tracking run starts, so bad input never leaves a run behind; after it starts, any failure ends the
-run as FAILED (or KILLED on Ctrl-C / SIGTERM) with the reason as a tag.
+Everything that can be wrong with the input (config, data files, columns, labels, model availability, tracking
+store, the checkpoint to resume) is checked by validation.py before the tracking run starts, so bad input never
+leaves a run behind; after it starts, any failure ends the run as FAILED (or KILLED on Ctrl-C / SIGTERM) with the
+reason as a tag. Checkpoints are saved as it trains (checkpointing.py); ``resume=auto`` continues the same MLflow
+run from the last one (resume.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from .. import data as data_mod
-from .. import batch_finder, hardware, inference, metrics as m, modeling, tracking
+from .. import batch_finder, hardware, inference, metrics as m, modeling, tracking, validation
 from ..config import Config, to_dict
 from ..optimizations import lora
 from .callbacks import Callback
@@ -105,15 +107,11 @@ def log_model(setup: Setup, tracker: Any) -> Optional[str]:
 
 
 def prepare(cfg: Config, dataset: Optional[data_mod.Dataset] = None) -> tuple[data_mod.Dataset, Any]:
-    """Check everything that can be wrong with the input before any run starts: data files, columns and labels,
-    model availability, batch size. Returns the dataset and the tokenizer. (HPO calls this once per study.)"""
-    dataset = dataset or data_mod.load(cfg.data)
-    tokenizer = modeling.load_tokenizer(cfg.model)  # a missing model fails here too
-    if cfg.model.source != "config":
-        modeling.weights_location(cfg.model)
-    if cfg.batch_size != "auto":  # auto: the batch finder probes once the run's device is known
-        resolve_micro_batch(cfg)
-    return dataset, tokenizer
+    """Check everything that can be wrong with the input before any run starts (validation.check: data files,
+    columns and labels, model availability, batch size, tracking store), listing every problem at once. Returns
+    the dataset and the tokenizer. (HPO calls this once per study.)"""
+    checked = validation.check(cfg, dataset)
+    return checked.dataset, checked.tokenizer
 
 
 def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callback] = (), progress: bool = True,
@@ -123,13 +121,16 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
     nested child run) is logged to but left open for its owner to close. ``dataset`` replaces loading
     ``cfg.data`` (k-fold passes each fold's split)."""
     device = device or hardware.detect()
-    dataset, tokenizer = prepare(cfg, dataset)  # no run exists yet
+    checked = validation.check(cfg, dataset)  # every input problem at once, before a run exists
+    dataset, tokenizer, resuming = checked.dataset, checked.tokenizer, checked.resume
     micro_batch, finder_params = batch_finder.resolve(cfg, device, dataset, tokenizer, verbose=verbose)
     owned = tracker is None
     if owned:
         tracker = tracking.start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",
                                  tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
-                                       "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+                                       "maxout.model": cfg.model.name, "maxout.data": cfg.data.name,
+                                       "maxout.run_key": resuming.run_key},
+                                 run_id=resuming.run_id)
     guard = tracking.closing(tracker) if owned else _no_close(tracker)
     with guard:
         setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch)
@@ -142,16 +143,24 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
         tracker.log_dict({**device.to_dict(), "profile": cfg.hardware.name,
                           "profile_description": cfg.hardware.description}, "hardware.json")
         tracker.log_dict(library_versions(), "versions.json")
-        results = fit(setup, tracker, callbacks, progress=progress)
+        state = resuming.restore(setup)
+        if state is not None:
+            tracker.set_tags({"maxout.resumed_from_step": state.step})
+            if verbose:
+                print(f"maxout: resuming from step {state.step} of {resuming.checkpoint}", file=sys.stderr)
+        results = fit(setup, tracker, [*callbacks, *resuming.checkpointer(setup, tracker)], progress, state)
         mean_len = results["train/real_tokens"] / max(results["train/samples"], 1)
         flops = m.flops_per_token(setup.model, setup.model_config, mean_len)
         peak = hardware.peak_flops(device, setup.decision("precision").effective, setup.decision("tf32").effective)
         results["perf/mfu"] = m.mfu(flops, results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]),
                                     peak)
         results["perf/flops_per_token"] = flops
+        # fit logged the last evaluation at the last step already: once is enough in the history
+        tracker.log_metrics({k: v for k, v in results.items() if not k.startswith("eval/")}, step=setup.total_steps)
         results["eval/majority_baseline"] = majority_baseline(dataset.validation.labels)
-        tracker.log_metrics(results, step=setup.total_steps)
+        tracker.log_metrics({"eval/majority_baseline": results["eval/majority_baseline"]}, step=setup.total_steps)
         model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
+    resuming.finished()
     return TrainResult({k: v for k, v in results.items() if v is not None}, tracker.run_id, model_uri, setup, params)
 
 

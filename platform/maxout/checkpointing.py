@@ -1,0 +1,145 @@
+"""Training checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint holds the model, optimizer, scheduler and GradScaler states, every RNG (python, numpy, torch, CUDA),
+the data-loader position (epoch and micro-batches consumed in it: the sampler's order is a pure function of
+(seed, epoch), so the position is enough) and the loop's counters. The Checkpointer callback saves one every
+``checkpoint.every_n_steps`` steps and at each epoch end, after that step's metrics are journaled, and keeps the
+last ``keep_last``. Writes are atomic (temp file in the same directory, fsync, rename): a kill at any moment
+leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from .config import CheckpointConfig
+from .train.callbacks import Callback, TrainState
+
+log = logging.getLogger("maxout")
+FORMAT = 1
+NAME = re.compile(r"^step-(\d{8})\.pt$")
+
+
+def file_name(step: int) -> str:
+    return f"step-{step:08d}.pt"
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoints in ``directory``, oldest first (temp files of an interrupted write are ignored)."""
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if NAME.match(p.name)), key=lambda p: p.name)
+
+
+def latest(directory: Path) -> Optional[Path]:
+    found = checkpoints(directory)
+    return found[-1] if found else None
+
+
+def save_atomic(payload: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def load(path: Path) -> dict:
+    """A checkpoint's payload, tensors on the CPU. weights_only: a checkpoint is data, never code."""
+    payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a maxout checkpoint of format {FORMAT}")
+    return payload
+
+
+def rng_states() -> dict:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {"python": random.getstate(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+              "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(_tuples(states["python"]))
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _tuples(value: Any) -> Any:
+    """random.setstate wants the nested tuples it gave out (a round trip may turn them into lists)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def capture(setup: Any, state: TrainState, position: tuple[int, int], meta: dict) -> dict:
+    """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it)."""
+    counters = {"step": state.step, "epoch": position[0], "batches_in_epoch": position[1],
+                "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
+                "eval_metrics": dict(state.eval_metrics)}
+    return {"format": FORMAT, **meta, "state": counters, "model": setup.model.state_dict(),
+            "optimizer": setup.optimizer.state_dict(), "scheduler": setup.scheduler.state_dict(),
+            "scaler": setup.precision.scaler.state_dict(), "rng": rng_states()}
+
+
+def restore(setup: Any, payload: dict) -> TrainState:
+    """Load a payload into a freshly built Setup; returns the TrainState that fit() continues from."""
+    setup.model.load_state_dict(payload["model"])
+    setup.optimizer.load_state_dict(payload["optimizer"])
+    setup.scheduler.load_state_dict(payload["scheduler"])
+    if payload["scaler"]:
+        setup.precision.scaler.load_state_dict(payload["scaler"])
+    set_rng_states(payload["rng"])
+    return TrainState(total_steps=setup.total_steps, **payload["state"])
+
+
+class Checkpointer(Callback):
+    """Saves into ``directory`` every N steps and at each epoch end; keeps the last ``keep_last``."""
+
+    def __init__(self, setup: Any, tracker: Any, cfg: CheckpointConfig, directory: Path, meta: dict):
+        self.setup, self.tracker, self.cfg, self.directory, self.meta = setup, tracker, cfg, directory, meta
+        self.batches_per_epoch = len(setup.train_loader)
+
+    def on_step_end(self, state: TrainState) -> None:
+        every = self.cfg.every_n_steps
+        # The last step of an epoch (or of the run) is saved by on_epoch_end, right after its evaluation.
+        ends_epoch = state.batches_in_epoch >= self.batches_per_epoch or state.step >= state.total_steps
+        if every and state.step % every == 0 and not ends_epoch:
+            self.save(state, (state.epoch, state.batches_in_epoch))
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        self.save(state, (state.epoch + 1, 0))  # resumes at the start of the next epoch
+
+    def save(self, state: TrainState, position: tuple[int, int]) -> Path:
+        self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
+        path = save_atomic(capture(self.setup, state, position, self.meta), self.directory / file_name(state.step))
+        for old in checkpoints(self.directory)[:-self.cfg.keep_last]:
+            old.unlink(missing_ok=True)
+        if self.cfg.log_to_mlflow:
+            try:
+                self.tracker.log_artifact(str(path), "checkpoints")
+            except Exception as err:  # noqa: BLE001 - an upload failure must not stop training
+                log.warning("maxout: checkpoint %s not uploaded to the run (%s); it is kept locally", path.name, err)
+        return path

@@ -1,0 +1,129 @@
+"""``resume=auto`` or ``resume=<run id>``: which run a training command continues, and from which checkpoint.
+
+Each run's checkpoints live in ``<checkpoint.dir>/<run key>/<run id>/``. The run key is a hash of the whole
+config except ``resume``, so the same command gives the same key; it is also the run's ``maxout.run_key`` tag.
+
+- ``resume=auto``: the run of this key whose latest checkpoint is the newest. A run that finishes removes its
+  checkpoints, so only an interrupted run (killed, failed, pre-empted) is found; none found: a new run. Under
+  ``mlflow run`` (MLFLOW_RUN_ID set) only that run is considered.
+- ``resume=<run id>``: that run, which must have a checkpoint and the same config (key).
+
+The continued run keeps its MLflow run id; its params are identical (same config and data), and the steps
+replayed after the checkpoint do not log again what the run already has (tracking.MLflowTracker).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from . import checkpointing
+from .config import Config, project_root, to_dict
+from .errors import ConfigError, DataError, MaxoutError
+
+
+def run_key(cfg: Config) -> str:
+    tree = to_dict(cfg)
+    tree.pop("resume", None)
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def checkpoint_root(cfg: Config) -> Path:
+    base = Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else project_root() / "checkpoints"
+    return base if base.is_absolute() else project_root() / base
+
+
+@dataclass
+class Plan:
+    """What ``train()`` continues: ``run_id`` None and ``checkpoint`` None for a new run."""
+
+    cfg: Config
+    run_key: str
+    run_id: Optional[str] = None
+    checkpoint: Optional[Path] = None
+
+    @property
+    def root(self) -> Path:
+        return checkpoint_root(self.cfg) / self.run_key
+
+    def directory(self, run_id: Optional[str]) -> Path:
+        """Where this run's checkpoints go (an untracked run gets a local id)."""
+        self.run_id = self.run_id or run_id or uuid.uuid4().hex
+        return self.root / self.run_id
+
+    def restore(self, setup: Any) -> Optional[Any]:
+        """The TrainState to continue from (model, optimizer, RNG restored into ``setup``), or None."""
+        if self.checkpoint is None:
+            return None
+        payload = checkpointing.load(self.checkpoint)
+        if (payload["micro_batch"], payload["accum_steps"]) != (setup.micro_batch, setup.accum_steps):
+            raise MaxoutError(f"checkpoint {self.checkpoint} was saved with micro-batch {payload['micro_batch']} x "
+                              f"{payload['accum_steps']} accumulation steps, this run has {setup.micro_batch} x "
+                              f"{setup.accum_steps}; set train.batch_size={payload['micro_batch']} to resume it")
+        return checkpointing.restore(setup, payload)
+
+    def checkpointer(self, setup: Any, tracker: Any) -> list:
+        if not self.cfg.checkpoint.enabled:
+            return []
+        directory = self.directory(tracker.run_id)
+        meta = {"run_id": self.run_id, "run_key": self.run_key, "data_fingerprint": setup.dataset.fingerprint,
+                "micro_batch": setup.micro_batch, "accum_steps": setup.accum_steps}
+        return [checkpointing.Checkpointer(setup, tracker, self.cfg.checkpoint, directory, meta)]
+
+    def finished(self) -> None:
+        """The run completed: its checkpoints have nothing left to resume."""
+        if self.run_id:
+            shutil.rmtree(self.root / self.run_id, ignore_errors=True)
+            for directory in (self.root, self.root.parent):  # no empty folders left behind
+                if directory.is_dir() and not any(directory.iterdir()):
+                    directory.rmdir()
+
+
+def plan(cfg: Config, dataset: Any = None) -> Plan:
+    """Find the checkpoint ``cfg.resume`` asks for; ConfigError when a named run cannot be continued."""
+    key = run_key(cfg)
+    fresh = Plan(cfg, key)
+    if cfg.resume is None or not cfg.checkpoint.enabled:
+        if cfg.resume not in (None, "auto"):
+            raise ConfigError(f"resume={cfg.resume} needs checkpoints, but checkpoint.enabled=false")
+        return fresh
+    root = fresh.root
+    if cfg.resume == "auto":
+        wanted = os.environ.get("MLFLOW_RUN_ID")
+        candidates = [root / wanted] if wanted else ([d for d in root.iterdir() if d.is_dir()] if root.is_dir() else [])
+        found = [(path, d.name) for d in candidates if (path := checkpointing.latest(d)) is not None]
+        if not found:
+            return fresh
+        path, run_id = max(found, key=lambda item: item[0].stat().st_mtime)
+    else:
+        run_id, path = cfg.resume, checkpointing.latest(root / cfg.resume)
+        if path is None:
+            raise ConfigError(_not_found(cfg, key))
+    _check_compatible(path, key, dataset)
+    return Plan(cfg, key, run_id, path)
+
+
+def _not_found(cfg: Config, key: str) -> str:
+    elsewhere = [d.parent.name for d in checkpoint_root(cfg).glob(f"*/{cfg.resume}") if d.is_dir()]
+    if elsewhere:
+        return (f"resume={cfg.resume}: that run was started with another config (run key {elsewhere[0]}, this "
+                f"command gives {key}); repeat its exact overrides (its config.yaml artifact lists them)")
+    return (f"resume={cfg.resume}: no checkpoint of that run under {checkpoint_root(cfg)}; use resume=auto, "
+            f"or the id of an interrupted run (a finished run keeps no checkpoints)")
+
+
+def _check_compatible(path: Path, key: str, dataset: Any) -> None:
+    payload = checkpointing.load(path)
+    if payload.get("run_key") != key:
+        raise ConfigError(f"checkpoint {path} belongs to run key {payload.get('run_key')}, not {key}; "
+                          f"resume it with the config it was started with")
+    if dataset is not None and payload.get("data_fingerprint") != dataset.fingerprint:
+        raise DataError(f"the data changed since checkpoint {path} was saved (fingerprint "
+                        f"{payload.get('data_fingerprint')} -> {dataset.fingerprint}); restore the original files "
+                        f"or start a new run without resume")

@@ -1,0 +1,253 @@
+"""A write-ahead journal of one run's tracking writes, so that a tracking-server outage loses nothing.
+
+Every batch of metrics, params and tags is appended to ``<spool dir>/<run id>.jsonl`` (and fsynced) BEFORE it is
+sent; a sender thread delivers the records in order and appends ``{"ack": seq}`` for each one the server
+accepted. While the server is unreachable the sender retries every ``retry_s`` seconds and training goes on.
+Whatever is still unacknowledged when the run ends stays in the file for ``maxout tracking replay``.
+
+Replay is idempotent: acknowledged records are skipped, and a record delivered twice (its acknowledgement lost
+in a crash) repeats the same metric (key, step, timestamp, value), which MLflow's store de-duplicates, and the
+same param and tag values, which MLflow accepts again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from .config import project_root
+from .errors import USAGE, MaxoutError
+
+log = logging.getLogger("maxout")
+
+FORMAT = 1
+# log_batch limits per request (MLflow REST API)
+MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
+# MLflow retries a failed request for minutes by default; the sender retries on its own schedule instead, so
+# each of its requests fails fast. A user's own MLFLOW_HTTP_REQUEST_* settings win.
+SENDER_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def default_dir() -> Path:
+    return project_root() / "mlruns" / "spool"
+
+
+def path_for(run_id: str, directory: Optional[str] = None) -> Path:
+    return Path(directory).expanduser() / f"{run_id}.jsonl" if directory else default_dir() / f"{run_id}.jsonl"
+
+
+class Spool:
+    """The journal file of one run: records in order, minus those acknowledged."""
+
+    def __init__(self, path: Path, run_id: Optional[str] = None, tracking_uri: str = ""):
+        self.path = Path(path)
+        self.run_id, self.tracking_uri = run_id, tracking_uri
+        self._lock = threading.Lock()
+        self._pending: list[dict] = []
+        self._seq = 0
+        if self.path.exists():
+            self._load()
+        elif run_id is None:
+            raise MaxoutError(f"spool file not found: {self.path}; list them with `ls {default_dir()}`")
+
+    def _load(self) -> None:
+        records, acked = [], set()
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:  # a line torn by a crash mid-write was never sent: skip it
+                continue
+            if "spool" in item:
+                self.run_id = self.run_id or item["run_id"]
+                self.tracking_uri = self.tracking_uri or item.get("tracking_uri", "")
+            elif "ack" in item:
+                acked.add(item["ack"])
+            elif "seq" in item:
+                records.append(item)
+        if self.run_id is None:
+            raise MaxoutError(f"{self.path} is not a maxout spool file (no header line); pass a file from "
+                              f"{default_dir()}", exit_code=USAGE)
+        self._pending = [r for r in records if r["seq"] not in acked]
+        self._seq = max((r["seq"] for r in records), default=0)
+
+    def _write(self, items: Sequence[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        with open(self.path, "a+", encoding="utf-8") as f:
+            if new:
+                f.write(json.dumps({"spool": FORMAT, "run_id": self.run_id, "tracking_uri": self.tracking_uri}) + "\n")
+            elif f.tell() and not _ends_with_newline(self.path):  # after a torn line: start a fresh one
+                f.write("\n")
+            f.write("".join(json.dumps(item) + "\n" for item in items))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def append(self, metrics: Sequence[Any] = (), params: Sequence[Any] = (), tags: Sequence[Any] = (),
+               end: Optional[tuple[str, int]] = None) -> None:
+        """Journal MLflow Metric / Param / RunTag objects (split to log_batch's limits), or the run's end."""
+        metrics = [[m.key, m.value, m.timestamp, m.step] for m in metrics]
+        params, tags = [[p.key, p.value] for p in params], [[t.key, t.value] for t in tags]
+        chunks = [{"metrics": metrics[i:i + MAX_METRICS]} for i in range(0, len(metrics), MAX_METRICS)]
+        chunks += [{"params": params[i:i + MAX_PARAMS]} for i in range(0, len(params), MAX_PARAMS)]
+        chunks += [{"tags": tags[i:i + MAX_TAGS]} for i in range(0, len(tags), MAX_TAGS)]
+        if end is not None:
+            chunks.append({"end": {"status": end[0], "end_time": end[1]}})
+        if not chunks:
+            return
+        with self._lock:
+            records = []
+            for chunk in chunks:
+                self._seq += 1
+                records.append({"seq": self._seq, **chunk})
+            self._write(records)
+            self._pending.extend(records)
+
+    def ack(self, seq: int) -> None:
+        with self._lock:
+            self._write([{"ack": seq}])
+            self._pending = [r for r in self._pending if r["seq"] != seq]
+
+    def pending(self) -> list[dict]:
+        with self._lock:
+            return list(self._pending)
+
+    def remove(self) -> None:
+        """Delete the file once everything in it was delivered (and the spool folder, if that left it empty)."""
+        with self._lock:
+            if not self._pending:
+                self.path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.path.parent.rmdir()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def send(client: Any, run_id: str, record: dict) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+
+    if "end" in record:
+        client.set_terminated(run_id, status=record["end"]["status"], end_time=record["end"]["end_time"])
+        return
+    client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in record.get("metrics", [])],
+                     params=[Param(k, v) for k, v in record.get("params", [])],
+                     tags=[RunTag(k, v) for k, v in record.get("tags", [])], synchronous=True)
+
+
+def unreachable(err: BaseException) -> bool:
+    """A failure worth retrying later (no connection, timeout, 5xx), as opposed to a request MLflow refuses."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(err, (requests.RequestException, ConnectionError, TimeoutError)):
+        return True
+    return isinstance(err, MlflowException) and err.get_http_status_code() >= 500
+
+
+@contextlib.contextmanager
+def fail_fast_http() -> Iterator[None]:
+    """MLflow reads these per request. Process-wide while set: the sender's requests are short, and the main
+    thread's requests during that moment merely get the same short timeout."""
+    saved = {k: os.environ.get(k) for k in SENDER_HTTP}
+    os.environ.update({k: v for k, v in SENDER_HTTP.items() if saved[k] is None})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+
+
+class Sender:
+    """Delivers a spool's records in order on a daemon thread; while the server is away, retries every retry_s."""
+
+    retry_s = 5.0
+
+    def __init__(self, client: Any, spool: Spool):
+        self.client, self.spool = client, spool
+        self.offline_since: Optional[float] = None
+        self.outages = 0
+        self.error: Optional[BaseException] = None  # a refusal (4xx): not retried, raised by the tracker
+        self._deliver_lock = threading.Lock()  # one deliverer at a time: the thread, or close() at the end
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="maxout-spool-sender", daemon=True)
+
+    def start(self) -> "Sender":
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.retry_s if self.offline_since is not None else None)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.deliver()
+
+    def deliver(self) -> bool:
+        """Send everything pending, in order. True when nothing is left."""
+        with self._deliver_lock:
+            for record in self.spool.pending():
+                if self.error is not None:
+                    return False
+                try:
+                    with fail_fast_http():
+                        send(self.client, self.spool.run_id, record)
+                except Exception as err:
+                    if not unreachable(err):
+                        self.error = err
+                        return False
+                    if self.offline_since is None:
+                        self.offline_since, self.outages = time.monotonic(), self.outages + 1
+                        log.warning("maxout: tracking server unreachable (%s); keeping its records in %s until "
+                                    "it is back", type(err).__name__, self.spool.path)
+                    return False
+                self.spool.ack(record["seq"])
+            if self.offline_since is not None:
+                log.warning("maxout: tracking server back after %.0f s; spooled records delivered",
+                            time.monotonic() - self.offline_since)
+                self.offline_since = None
+            return True
+
+    def close(self) -> bool:
+        """Stop the thread, then one last delivery attempt. True when everything reached the server."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+        return self.deliver()
+
+
+def replay(path: Path, tracking_uri: Optional[str] = None) -> int:
+    """Deliver a spool file left by a run whose server never came back; returns how many records were sent."""
+    import mlflow
+
+    spool = Spool(path)
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or spool.tracking_uri
+    if not uri or "***" in uri:
+        raise MaxoutError(f"{path} does not say which tracking server to replay to (its URI is redacted); "
+                          f"pass --tracking-uri URI or set MLFLOW_TRACKING_URI")
+    before = len(spool.pending())
+    sender = Sender(mlflow.MlflowClient(uri), spool)
+    if not sender.deliver():
+        reason = sender.error or "unreachable"
+        raise MaxoutError(f"replay of {path} to {_redact(uri)} stopped ({reason}); "
+                          f"{len(spool.pending())} records kept, run `maxout tracking replay {path}` again")
+    spool.remove()
+    return before
+
+
+def _redact(uri: str) -> str:
+    from .tracking import redact
+
+    return redact(uri)

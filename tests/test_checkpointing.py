@@ -1,0 +1,141 @@
+"""Checkpoints and resume in process: atomic writes that survive a crash mid-write, keep-last-K, and a run that
+dies mid-epoch and continues with resume=auto: one MLflow run, every step logged once, and the same losses and
+final weights as a run that was never interrupted (deterministic, CPU)."""
+
+from __future__ import annotations
+
+import mlflow
+import pandas as pd
+import pytest
+import torch
+
+from maxout import checkpointing, config, resume
+from maxout.errors import ConfigError, DataError
+from maxout.tracking import NullTracker
+from maxout.train import Callback, train
+
+from .conftest import ROOT, runs_in
+
+# 32 training rows, micro-batch 4 x accumulation 2: 4 steps per epoch, 8 steps in 2 epochs; a checkpoint every 3
+# steps and at each epoch end: steps 3, 4 and 6 (mid-epoch: 4 of epoch 1's 8 micro-batches consumed).
+STEPS = 8
+SMALL = ["hardware=cpu", "model=tiny", "train.batch_size=4", "train.target_effective_batch=8", "train.epochs=2",
+         "train.log_every=1",
+         "train.deterministic=true", "checkpoint.every_n_steps=3", "tracking.system_metrics=false",
+         "tracking.log_model=false"]
+
+
+def small_data(directory) -> list[str]:
+    """A slice of the demo data, so that a run crosses epochs in a few steps."""
+    rows = pd.read_csv(ROOT / "projects/nli_demo/data/train.csv")
+    rows.iloc[:32].to_csv(directory / "train.csv", index=False)
+    rows.iloc[32:48].to_csv(directory / "validation.csv", index=False)
+    return [f"data.train_path={directory / 'train.csv'}", f"data.validation_path={directory / 'validation.csv'}"]
+
+
+def small(tmp_path, *extra: str) -> list[str]:
+    return [*SMALL, *small_data(tmp_path), f"checkpoint.dir={tmp_path / 'ckpt'}", *extra]
+
+
+class CrashAt(Callback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, state):
+        if state.step == self.step:
+            raise RuntimeError(f"crash at step {state.step}")
+
+
+def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in mlflow.MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def test_a_run_resumed_after_a_crash_matches_an_uninterrupted_one(tmp_path, mlflow_store):
+    reference = NullTracker()
+    expected = train(config.load(small(tmp_path, "tracking=none")), tracker=reference, progress=False, verbose=False)
+    overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={tmp_path / 'spool'}")
+    uri = mlflow_store["uri"]
+
+    with pytest.raises(RuntimeError, match="crash at step 7"):
+        train(config.load(overrides), callbacks=[CrashAt(7)], progress=False, verbose=False)
+    [crashed] = runs_in(uri)
+    assert crashed.info.status == "FAILED"
+    key = resume.run_key(config.load(overrides))
+    kept = [p.name for p in checkpointing.checkpoints(tmp_path / "ckpt" / key / crashed.info.run_id)]
+    assert kept == ["step-00000004.pt", "step-00000006.pt"]  # keep_last=2 of 3, 4 and 6
+
+    result = train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+
+    [run] = runs_in(uri)
+    assert run.info.run_id == crashed.info.run_id == result.run_id and run.info.status == "FINISHED"
+    assert run.data.tags["maxout.resumed_from_step"] == "6" and run.data.tags["maxout.run_key"] == key
+    losses = history(uri, run.info.run_id, "train/loss")
+    assert [step for step, _ in losses] == list(range(1, STEPS + 1))  # no gap, no repeat
+    assert [v for _, v in losses] == pytest.approx([v for _, v in reference.metrics["train/loss"]], abs=1e-6)
+    assert [s for s, _ in history(uri, run.info.run_id, "eval/accuracy")] == [4, 8]  # one evaluation per epoch
+    final, uninterrupted = result.setup.model.state_dict(), expected.setup.model.state_dict()
+    assert all(torch.allclose(final[k], uninterrupted[k], atol=1e-6) for k in uninterrupted)
+    assert not (tmp_path / "ckpt" / key).exists()  # a finished run keeps no checkpoints
+    artifacts = {a.path for a in mlflow.MlflowClient(uri).list_artifacts(run.info.run_id)}
+    assert "config.yaml" in artifacts and "checkpoints" not in artifacts  # uploaded only when configured
+
+
+def test_resume_refuses_a_checkpoint_whose_data_changed(tmp_path):
+    overrides = small(tmp_path, "tracking=none")
+    with pytest.raises(RuntimeError):
+        train(config.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
+    rows = pd.read_csv(tmp_path / "train.csv")
+    rows.loc[0, "post"] = "edited after the checkpoint"
+    rows.to_csv(tmp_path / "train.csv", index=False)
+    with pytest.raises(DataError, match="the data changed since checkpoint"):
+        train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+
+
+def test_uploaded_checkpoints_and_resume_of_an_unknown_or_differently_configured_run(tmp_path, mlflow_store):
+    overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={tmp_path / 'spool'}",
+                      "checkpoint.log_to_mlflow=true")
+    with pytest.raises(RuntimeError):
+        train(config.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
+    [run_dir] = (tmp_path / "ckpt").glob("*/*")
+    uploaded = mlflow.MlflowClient(mlflow_store["uri"]).list_artifacts(run_dir.name, "checkpoints")
+    assert [a.path for a in uploaded] == ["checkpoints/step-00000003.pt"]
+    with pytest.raises(ConfigError, match="started with another config .* repeat its exact overrides"):
+        resume.plan(config.load([*overrides, "train.lr=1e-3", f"resume={run_dir.name}"]))
+    with pytest.raises(ConfigError, match="no checkpoint of that run"):
+        resume.plan(config.load([*overrides, f"resume={'0' * 32}"]))
+    assert resume.plan(config.load([*overrides, f"resume={run_dir.name}"])).checkpoint.name == "step-00000003.pt"
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    good = checkpointing.save_atomic({"format": checkpointing.FORMAT, "w": torch.ones(3)},
+                                     tmp_path / checkpointing.file_name(1))
+
+    def torn(payload, f):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt  # killed mid-write
+
+    monkeypatch.setattr(torch, "save", torn)
+    with pytest.raises(KeyboardInterrupt):
+        checkpointing.save_atomic({"format": checkpointing.FORMAT}, tmp_path / checkpointing.file_name(2))
+    (tmp_path / ".step-00000003.pt.tmp-99").write_bytes(b"a temp file left by SIGKILL")
+    assert checkpointing.latest(tmp_path) == good
+    assert torch.equal(checkpointing.load(good)["w"], torch.ones(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000003.pt.tmp-99", "step-00000001.pt"]
+
+
+@pytest.mark.gpu
+def test_a_cuda_checkpoint_restores_the_grad_scaler_and_the_cuda_rng(tmp_path):
+    from maxout.train import TrainState
+
+    cfg = config.load(small(tmp_path, "tracking=none", "hardware=gpu", "hardware.precision=fp16",
+                            "train.max_steps=2"))
+    setup = train(cfg, tracker=NullTracker(), progress=False, verbose=False).setup
+    scale = setup.precision.scaler.get_scale()
+    path = checkpointing.save_atomic(checkpointing.capture(setup, TrainState(setup.total_steps, step=2), (0, 4), {}),
+                                     tmp_path / checkpointing.file_name(2))
+    expected_draw = torch.rand(4, device="cuda")
+    setup.precision.scaler.update(new_scale=1.0)
+    torch.rand(100, device="cuda")
+    checkpointing.restore(setup, checkpointing.load(path))
+    assert setup.precision.scaler.get_scale() == scale and scale > 1.0  # fp16 loss scaling survived
+    assert torch.equal(torch.rand(4, device="cuda"), expected_draw)

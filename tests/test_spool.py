@@ -1,0 +1,73 @@
+"""The tracking spool: a journal that survives a crash (even mid-line), a sender that keeps records while the
+server is unreachable and refuses to retry what MLflow rejects, and a replay that delivers each metric once, even
+when acknowledgements were lost."""
+
+from __future__ import annotations
+
+import shutil
+
+import mlflow
+import pytest
+from mlflow.entities import Metric, Param, RunTag
+
+from maxout import cli, spool
+
+from .services import free_port
+
+
+def metrics(steps, key="train/loss"):
+    return [Metric(key, float(step) / 10, 1_700_000_000_000 + step, step) for step in steps]
+
+
+def test_the_journal_reopens_with_what_was_not_acknowledged_in_order(tmp_path):
+    path = tmp_path / "run.jsonl"
+    journal = spool.Spool(path, "a" * 32, "http://server:5000")
+    journal.append(params=[Param("cfg.lr", "0.1")])
+    journal.append(metrics=metrics(range(1, 1501)), tags=[RunTag("maxout.run_key", "k")])  # 2 metric chunks + tags
+    journal.ack(1)
+    with open(path, "a") as f:
+        f.write('{"seq": 99, "metrics": [["torn')  # SIGKILL in the middle of a write
+    reopened = spool.Spool(path)
+    assert reopened.run_id == "a" * 32 and reopened.tracking_uri == "http://server:5000"
+    assert [r["seq"] for r in reopened.pending()] == [2, 3, 4]
+    assert [len(r.get("metrics", [])) for r in reopened.pending()] == [1000, 500, 0]
+    reopened.append(metrics=metrics([1501]))  # appends after the torn line, on a line of its own
+    assert [r["seq"] for r in spool.Spool(path).pending()] == [2, 3, 4, 5]
+
+
+def test_unreachable_server_keeps_records_and_replay_delivers_each_metric_once(tmp_path, capsys):
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    client = mlflow.MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("outage")).info.run_id
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    path = tmp_path / f"{run_id}.jsonl"
+    journal = spool.Spool(path, run_id, down)
+    journal.append(params=[Param("cfg.lr", "0.1")], metrics=metrics(range(1, 21)))
+    journal.append(end=("FINISHED", 1_700_000_100_000))
+
+    sender = spool.Sender(mlflow.MlflowClient(down), journal)
+    assert sender.deliver() is False and sender.outages == 1 and sender.error is None
+    assert len(journal.pending()) == 3
+    lost_acks = shutil.copy(path, tmp_path / "copy.jsonl")  # as if the acks below never reached the disk
+
+    assert cli.main(["tracking", "replay", str(path), "--tracking-uri", store]) == 0
+    assert "replayed 3 records" in capsys.readouterr().out and not path.exists()
+    assert spool.replay(lost_acks, store) == 3  # sent a second time ...
+    history = client.get_metric_history(run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(1, 21))  # ... yet every step is there once
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {"cfg.lr": "0.1"}
+
+
+def test_a_write_mlflow_refuses_is_reported_not_retried(tmp_path):
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    client = mlflow.MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("refused")).info.run_id
+    client.log_param(run_id, "cfg.lr", "0.1")
+    journal = spool.Spool(tmp_path / "run.jsonl", run_id, store)
+    journal.append(params=[Param("cfg.lr", "0.2")])  # MLflow refuses to change a param
+    sender = spool.Sender(client, journal)
+    assert sender.deliver() is False and sender.outages == 0
+    assert "Changing param values is not allowed" in str(sender.error)
+    with pytest.raises(Exception, match="Changing param values"):
+        spool.replay(journal.path, store)
