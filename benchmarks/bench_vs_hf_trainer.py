@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def maxout_run(args) -> dict:
-    from maxout import config, hardware
+    from maxout import config
     from maxout.tracking import NullTracker
     from maxout.train import train
 
@@ -54,8 +54,7 @@ def maxout_run(args) -> dict:
 
 
 def trainer_run(args, best: bool, precision: str, attention: str) -> dict:
-    from transformers import (AutoModelForSequenceClassification, DataCollatorWithPadding, Trainer,
-                              TrainerCallback, TrainingArguments)
+    from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
     from transformers.utils import logging as hf_logging
 
     from maxout import config, data as data_mod, modeling

@@ -4,7 +4,6 @@ pruner chain; bad input fails before any run starts. The PostgreSQL worker test 
 from __future__ import annotations
 
 import binascii
-import math
 
 import mlflow
 import pytest

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import time
 
-import mlflow
 import pytest
 
 from maxout import cli, registry
 from maxout.config import Config, RegistryConfig, TrackingConfig
-from maxout.errors import ConfigError, MaxoutError
+from maxout.errors import MaxoutError
 
 from .conftest import runs_in
 

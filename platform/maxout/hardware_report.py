@@ -8,7 +8,7 @@ and sequence length (from its cache, else a quick search).
 from __future__ import annotations
 
 import platform
-from typing import Any, Optional
+from typing import Optional
 
 from .config import Config
 from .errors import MaxoutError

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from .. import data as data_mod
-from .. import batch_finder, hardware, inference, metrics as m, modeling, tracking, validation
+from .. import batch_finder, hardware, inference, metrics as m, tracking, validation
 from ..config import Config, to_dict
 from ..optimizations import lora
 from .callbacks import Callback
