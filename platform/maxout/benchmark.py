@@ -259,19 +259,31 @@ def _cpu_step_memory(setup: Any, cfg: Any) -> float:
     return (probe.peak_bytes(setup.micro_batch) or 0) / GIB
 
 
+def speedups(row: Row, baseline: Row) -> list[float]:
+    """Per-round speed-ups vs the baseline's run in the same round (paired: the two ran minutes apart, not hours)."""
+    key = "perf/steady_samples_per_s"
+    if len(row.samples) != len(baseline.samples):  # a round failed: pair the medians instead
+        speed, base = row.median(key), baseline.median(key)
+        return [speed / base] if speed and base else []
+    return [r[key] / b[key] for r, b in zip(row.samples, baseline.samples) if r.get(key) and b.get(key)]
+
+
 def comparison(rows: Sequence[Row], baseline: Optional[Row]) -> Any:
-    """One line per cell: medians over repeats, speed-up and memory ratio vs the baseline cell."""
+    """One line per cell: medians over repeats, speed-up (median of the per-round ratios, and their range) and
+    memory ratio vs the baseline cell."""
     import pandas as pd
 
-    base_speed = baseline.median("perf/steady_samples_per_s") if baseline else None
     base_mem = _memory(baseline) if baseline else None
     records = []
     for row in rows:
-        speed, mem = row.median("perf/steady_samples_per_s"), _memory(row)
+        mem = _memory(row)
+        ratios = speedups(row, baseline) if baseline and row.samples else []
         records.append({
             "cell": row.cell.name, **{a: _show(v) for a, v in row.cell.values}, "status": row.status,
-            "steady samples/s": speed, "steady tokens/s": row.median("perf/steady_tokens_per_s"),
-            "speed-up": speed / base_speed if speed and base_speed else None,
+            "steady samples/s": row.median("perf/steady_samples_per_s"),
+            "steady tokens/s": row.median("perf/steady_tokens_per_s"),
+            "speed-up": statistics.median(ratios) if ratios else None,
+            "speed-up min": min(ratios) if ratios else None, "speed-up max": max(ratios) if ratios else None,
             "peak memory GiB": mem, "memory ratio": mem / base_mem if mem and base_mem else None,
             "MFU": row.median("perf/mfu"), "GPU util %": row.median("gpu/utilization_mean"),
             "compile s": row.median("time/compile_s"), "reason": row.reason})
@@ -295,23 +307,30 @@ def write(table: Any, baseline: Optional[Row], memory_source: str, device: Any, 
 
 def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: Optional[int],
              repeats: int) -> str:
-    head = ["Cell", "Samples/s", "Tokens/s", "Speed-up", "Peak memory (GiB)", "Memory ratio", "MFU", "GPU util %",
-            "Compile (s)", "Note"]
+    head = ["Cell", "Samples/s", "Tokens/s", "Speed-up", "Per round", "Peak memory (GiB)", "Memory ratio", "MFU",
+            "GPU util %", "Compile (s)", "Note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table.to_dict("records"):
         note = r["reason"] or ("baseline" if baseline and r["cell"] == baseline.cell.name else "")
         if r["status"] != "ok":
             note = f"{r['status']}: {note}"
         values = [r["cell"], _fmt(r["steady samples/s"], ".1f"), _fmt(r["steady tokens/s"], ".0f"),
-                  _fmt(r["speed-up"], ".2f", "x"), _fmt(r["peak memory GiB"], ".3f"),
+                  _fmt(r["speed-up"], ".2f", "x"),
+                  _span(r["speed-up min"], r["speed-up max"]) if repeats > 1 else "–",
+                  _fmt(r["peak memory GiB"], ".3f"),
                   _fmt(r["memory ratio"], ".2f", "x"), _fmt(r["MFU"], ".1%"), _fmt(r["GPU util %"], ".0f"),
                   _fmt(r["compile s"], ".1f"), note.replace("|", "/")]
         lines.append("| " + " | ".join(values) + " |")
-    caption = (f"Device: {device.name} ({device.kind}); {f'{steps} optimizer steps' if steps else 'one epoch'} per "
-               f"cell, steady state (warm-up "
-               f"excluded), median of {repeats} interleaved repeat(s); memory: {memory_source}; ratios vs the "
-               f"baseline cell ({baseline.cell.name if baseline else 'none: no cell ran'}).")
+    window = f"{steps} optimizer steps" if steps else "one epoch"
+    caption = (f"Device: {device.name} ({device.kind}); {window} per cell, steady state (warm-up excluded); "
+               f"medians of {repeats} interleaved round(s), speed-up = median of the per-round ratios (their range: "
+               f"per round); memory: {memory_source}; ratios vs the baseline cell "
+               f"({baseline.cell.name if baseline else 'none: no cell ran'}).")
     return caption + "\n\n" + "\n".join(lines) + "\n"
+
+
+def _span(low: Any, high: Any) -> str:
+    return "–" if _fmt(low, ".2f") == "–" else f"{_fmt(low, '.2f')}–{_fmt(high, '.2f')}"
 
 
 def _fmt(value: Any, spec: str, suffix: str = "") -> str:
