@@ -125,8 +125,10 @@ def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow
     handed_over = []
     result = hpo_study.run(
         [*BASE, *small_data, *store_overrides(mlflow_store), *FORCED, "train.epochs=3", "hpo.n_trials=4",
-         f"hpo.study_name={name}", "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.5"],
-        callbacks=[OutOfMemoryAt(2)], on_best=lambda cfg, best: handed_over.append(best))
+         f"hpo.study_name={name}", "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.5",
+         "registry.name=hpo-best"],
+        callbacks=[OutOfMemoryAt(2)],
+        on_best=lambda cfg, best: (handed_over.append(best), hpo_study.promote_best_trial(cfg, best)))
 
     runs = runs_in(mlflow_store["uri"])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -181,6 +183,14 @@ def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow
     # The registry hook got the best trial, with the model that trial logged (hpo.log_models=best).
     assert len(handed_over) == 1 and handed_over[0].run_id == best_run.info.run_id
     assert handed_over[0].model_uri == best_run.data.tags["maxout.model_uri"]
+    # ... and registered it: the first version of the model, champion, from the best trial's run.
+    (version,) = client.search_model_versions("name='hpo-best'")
+    assert version.run_id == best_run.info.run_id
+    assert client.get_model_version_by_alias("hpo-best", "champion").version == version.version
+    # A second call (another worker's summary of the same study) does not register it twice.
+    hpo_study.promote_best_trial(config.load([*BASE, *small_data, *store_overrides(mlflow_store),
+                                              "registry.name=hpo-best"]), handed_over[0])
+    assert len(client.search_model_versions("name='hpo-best'")) == 1
 
 
 @pytest.mark.slow
@@ -255,6 +265,8 @@ BAD = {
                                  "model.dropout=1.5 must be in [0, 1)"),
     "unreachable_storage": ([lambda s: [f"hpo.storage=postgresql+psycopg2://maxout:s3cret@127.0.0.1:{free_port()}/x"]],
                             1, "HPO storage unreachable at postgresql+psycopg2://maxout:***@127.0.0.1:"),
+    "registry_without_a_model": (["registry.name=hpo-best", "hpo.k_folds=3"], 2,
+                                  "registry.name='hpo-best' needs the best trial's model: k-fold trials"),
     "study_with_another_direction": ([_existing_minimize_study], 2,
                                      "study 'taken' in {dir}/optuna.journal already exists with direction=minimize, "
                                      "not maximize"),

@@ -8,7 +8,7 @@ direction) is checked before the parent run starts, so bad input leaves no run b
       study.optimize(Objective)            one nested child run per trial (objective.py)
       until the study has hpo.n_trials finished trials (all workers together) or hpo.timeout_s passed
       report.log(...)                      counts, compute saved, best, trials.csv, plots
-      promote_best_trial(cfg, best)        the model-registry hook
+      promote_best_trial(cfg, best)        registers the best trial's model (registry.name set)
 """
 
 from __future__ import annotations
@@ -43,10 +43,45 @@ class StudyResult:
 
 
 def promote_best_trial(cfg: Config, best: BestTrial) -> None:
-    """MODEL-REGISTRY HOOK (issue 4 wires it at merge): called once per study invocation, after the parent run
-    got its summary, with the study's best complete trial: ``best.run_id`` (its MLflow child run),
-    ``best.model_uri`` (None with k-fold, hpo.log_models=none or tracking=none), ``best.metric``,
-    ``best.value``, ``best.direction``, ``best.params``. Registering and promoting belongs here."""
+    """The model-registry hook, once per study invocation, after the parent run got its summary: with
+    ``registry.name`` set, the study's best complete trial's model is registered and becomes champion if it
+    beats the current one (registry.register_and_promote, under the registry's promotion lock). A best trial
+    that already has a version (another worker of the study registered it) is not registered twice."""
+    from .. import registry
+
+    if not cfg.registry.name:
+        return
+    if not best.model_uri or not best.run_id:
+        print(f"maxout: registry: best trial {best.number} has no logged model to register "
+              f"(hpo.k_folds={cfg.hpo.k_folds}, hpo.log_models={cfg.hpo.log_models})", file=sys.stderr)
+        return
+    client = registry.client_for(cfg)
+    if client.search_model_versions(f"name='{cfg.registry.name}' and run_id='{best.run_id}'"):
+        print(f"maxout: registry: best trial {best.number} (run {best.run_id}) is registered already")
+        return
+    run = client.get_run(best.run_id)
+    value = best.value if best.metric == cfg.registry.metric else run.data.metrics.get(cfg.registry.metric)
+    if value is None:
+        raise ConfigError(f"registry.metric={cfg.registry.metric!r}: best trial {best.number} has no such metric; "
+                          f"set registry.metric={best.metric}")
+    outcome = registry.register_and_promote(best.run_id, best.model_uri, value, cfg,
+                                            run.data.params.get("derived.data_fingerprint", ""), cfg.hardware.name,
+                                            client=client)
+    print(f"maxout: {outcome.summary()}")
+
+
+def check_registry(cfg: Config) -> None:
+    """Before any trial: registering the best trial needs a logged model, so a tracked single-split study."""
+    from .. import registry
+    from ..train.evaluate import METRICS
+
+    if not cfg.registry.name:
+        return
+    registry.check_train(cfg, METRICS)
+    if cfg.hpo.k_folds > 1 or cfg.hpo.log_models == "none":
+        raise ConfigError(f"registry.name={cfg.registry.name!r} needs the best trial's model: k-fold trials and "
+                          f"hpo.log_models=none log none (got hpo.k_folds={cfg.hpo.k_folds}, "
+                          f"hpo.log_models={cfg.hpo.log_models}); use hpo.k_folds=1 with hpo.log_models=best")
 
 
 def build_sampler(hpo: HpoConfig) -> Any:
@@ -150,6 +185,7 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
     hpo = cfg.hpo
     specs = search_space.load(hpo.search_space, cfg)
     dataset, _ = prepare(cfg)  # data files, columns, labels, model availability
+    check_registry(cfg)
     folds = kfold(dataset, hpo.k_folds, hpo.fold_seed) if hpo.k_folds > 1 else None
     pruner = build_pruner(hpo, cfg.train.epochs)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # maxout prints one line per trial instead
