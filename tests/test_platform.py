@@ -225,6 +225,9 @@ def mlproject_runs(stack, tmp_path_factory):
             missing = set(entry_point.parameters) - set(PARAMETER_VALUES)
             assert not missing, f"entry point {name!r}: add test values for {sorted(missing)} to PARAMETER_VALUES"
             params = {p: PARAMETER_VALUES[p] for p in entry_point.parameters}
+            if name == "hpo":  # two trials, in a study of this test's own (the journal would outlive the test)
+                journal = tmp_path_factory.mktemp("hpo") / "optuna.journal"
+                params["overrides"] += f" hpo.n_trials=2 hpo.study_name=platform hpo.storage={journal}"
             experiment_id = mlflow.create_experiment(f"platform-mlproject-{name}")
             run = _create_run(str(ROOT), experiment_id, str(ROOT), None, name, params)
             storage = tmp_path_factory.mktemp(f"mlproject-{name}")
@@ -273,6 +276,13 @@ def test_every_mlproject_entry_point_runs_as_the_container_would_run_it(mlprojec
         assert run["status"] == "FINISHED" and run["tags"]["mlflow.project.entryPoint"] == name
         # MLflow logs each value as it put it on the command line: shell-quoted.
         assert {k: shlex.split(run["params"][k]) for k in result.params} == {k: [v] for k, v in result.params.items()}
+        if name == "hpo":  # MLflow's run is the study's parent; each trial is a nested child run
+            children = [db.run(r["run_id"]) for r in db.runs("platform-mlproject-hpo")
+                        if r["parent"] == result.run_id]
+            assert len(children) == 2 and all(c["status"] == "FINISHED" for c in children), children
+            assert all(c["params"]["cfg.model.name"] == "tiny" and "eval/accuracy" in c["metrics"] for c in children)
+            assert "hpo/best_value" in run["metrics"], run
+            continue
         assert run["params"]["cfg.model.name"] == "tiny" and "eval/accuracy" in run["metrics"]
 
 
