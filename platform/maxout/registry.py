@@ -275,15 +275,9 @@ class PromotionLock:
 
     def check(self) -> None:
         """Raise if our ticket was broken (we stalled past the TTL): another promoter may hold the lock now."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self.client.get_model_version(self.lock_name, str(self.ticket))
-        except MlflowException as err:
-            if _missing(err):
-                raise MaxoutError(f"the promotion lock of {self.name!r} was broken while held (this process "
-                                  f"stalled longer than registry.lock_ttl_s={self.ttl_ms / 1000:g}s)") from None
-            raise
+        if not _exists(self.client, self.lock_name, self.ticket):
+            raise MaxoutError(f"the promotion lock of {self.name!r} was broken while held (this process "
+                              f"stalled longer than registry.lock_ttl_s={self.ttl_ms / 1000:g}s)")
 
     def release(self) -> None:
         """Never raises: a ticket that cannot be deleted (store unreachable) goes stale and is broken later,

@@ -21,7 +21,7 @@ import sys
 import warnings
 from typing import Any, Optional, Sequence
 
-from .. import config, tracking
+from .. import config, registry, tracking
 from ..data import Dataset
 from ..optimizations.compile import compile_seconds
 from ..train import Callback, TrainState, train
@@ -191,7 +191,7 @@ class Objective:
             best = trial.study.best_value
         except ValueError:  # no complete trial yet
             return True
-        return value > best if self.hpo.direction == "maximize" else value < best
+        return registry.beats(value, best, self.hpo.direction)
 
     def _folds(self, trial: Any, cfg: Any, child: Any, reporter: TrialReporter) -> float:
         """k-fold: each fold is a run nested under the trial's; no model is logged (a fold's model is not the
