@@ -246,6 +246,7 @@ def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
 def _existing_minimize_study(store):
     import optuna
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "new study created" line is not maxout's output
     path = store["dir"] / "optuna.journal"
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
     optuna.create_study(study_name="taken", storage=storage, direction="minimize")
@@ -380,3 +381,16 @@ def test_sampled_values_become_overrides_that_compose_the_trial_config(cpu_devic
     assert (trial.train.lr, trial.train.target_effective_batch, trial.hardware.precision, trial.hardware.compile,
             trial.train.max_steps) == (1.5e-05, 32, "fp32", True, 7)
     assert trial.hardware.name == "cpu"  # the sampled hardware.* keys apply on top of the profile
+
+
+def test_out_of_memory_that_maxout_could_not_recover_prunes_like_torchs_own():
+    from maxout.errors import MaxoutError, OutOfMemory
+    from maxout.hpo.objective import is_out_of_memory
+    from maxout.train.oom import OOMRecovery
+
+    one_row = {"labels": torch.zeros(1), "input_ids": torch.zeros(1, 8)}
+    with pytest.raises(OutOfMemory) as exhausted:  # recovery gives up at one row per forward pass
+        OOMRecovery().halve("CUDA out of memory", [one_row], step=3, device_type="cpu")
+    assert is_out_of_memory(exhausted.value)
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not is_out_of_memory(MaxoutError("data.train_path='x.csv' not found"))

@@ -42,7 +42,7 @@ import torch
 
 from . import data as data_mod
 from .config import Config, project_root
-from .errors import ConfigError, HardwareError
+from .errors import ConfigError, OutOfMemory
 from .hardware import DeviceInfo
 from .optimizations import compile as compile_opt, decide, precision as precision_opt
 from .tensor_memory import GIB, TensorMemory, training_state
@@ -341,7 +341,7 @@ def _no_fit(cfg: Config, device: DeviceInfo, length: int, budget: Optional[float
                            f"{what} (weights and optimizer state included); raise {setting} to at least "
                            f"{math.ceil(need / GIB * 1000) / 1000:g}, or {remedies}")
     on = f" on {device.name} ({device.total_memory_gb} GiB)" if device.is_cuda else ""
-    return HardwareError(f"{what} does not fit even one sample per micro-batch{on}: {remedies}")
+    return OutOfMemory(f"{what} does not fit even one sample per micro-batch{on}: {remedies}")
 
 
 def resolve(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,

@@ -37,6 +37,11 @@ class HardwareError(MaxoutError):
     """The requested hardware profile cannot run on this machine."""
 
 
+class OutOfMemory(HardwareError):
+    """Out of memory that maxout could not recover from (one row per forward pass already, or the batch finder
+    found that not even one sample fits). HPO prunes such a trial instead of failing the study."""
+
+
 def one_of(value: object, valid: object) -> str:
     """'x' (valid: a, b, c) — the shared tail of most messages."""
     options = ", ".join(str(v) for v in valid) if not isinstance(valid, str) else valid

@@ -12,7 +12,6 @@ SIGTERM), tagged ``maxout.hpo.state``. Out of memory prunes the trial with the r
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import os
 import socket
@@ -23,8 +22,10 @@ from typing import Any, Optional, Sequence
 
 from .. import config, registry, tracking
 from ..data import Dataset
+from ..errors import OutOfMemory
 from ..optimizations.compile import compile_seconds
 from ..train import Callback, TrainState, train
+from ..train.oom import free_cached
 from ..train.run import log_model
 from . import search_space
 from .settings import HpoConfig
@@ -33,18 +34,11 @@ WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
 def is_out_of_memory(err: BaseException) -> bool:
+    """torch's own error, a backend's RuntimeError that says so, or maxout's (recovery exhausted, no batch fits)."""
     import torch
 
-    return isinstance(err, torch.OutOfMemoryError) or (isinstance(err, RuntimeError)
-                                                       and "out of memory" in str(err).lower())
-
-
-def free_memory() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    return isinstance(err, (torch.OutOfMemoryError, OutOfMemory)) or (isinstance(err, RuntimeError)
+                                                                      and "out of memory" in str(err).lower())
 
 
 def with_log_model(cfg: Any, log_model: bool) -> Any:
@@ -154,7 +148,7 @@ class Objective:
             if not is_out_of_memory(err):
                 reason = f"{type(err).__name__}: {err}"[:2000]
                 raise
-            free_memory()
+            free_cached(self.device.torch_device)
             state, status = "PRUNED", "FINISHED"
             reason = f"out of memory: {str(err).splitlines()[0][:500] if str(err) else type(err).__name__}"
             trial.set_user_attr("pruned_reason", reason)

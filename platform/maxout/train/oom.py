@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..errors import MaxoutError
+from ..errors import OutOfMemory
 
 SPLIT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 
@@ -50,7 +50,7 @@ class OOMRecovery:
         length = max(b["input_ids"].shape[1] for b in micro_batches)
         free_cached(device_type)
         if self.rows_per_forward(rows) <= 1:
-            raise MaxoutError(
+            raise OutOfMemory(
                 f"out of memory at step {step} with a single row per forward pass (sequence length {length}): "
                 f"the model does not fit at this length; lower data.max_length, set "
                 f"hardware.gradient_checkpointing=true, use model.adapter=lora, or pick a smaller model ({message})")
