@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import data as data_mod
-from .config import Config, project_root
+from .config import Config
 from .errors import ConfigError, OutOfMemory
 from .hardware import DeviceInfo
 from .optimizations import compile as compile_opt, decide, precision as precision_opt
@@ -207,10 +207,7 @@ class StepProbe:
 
 
 def cache_file(cfg: Config) -> Path:
-    if cfg.batch_finder.cache_path:
-        path = Path(cfg.batch_finder.cache_path).expanduser()
-        return path if path.is_absolute() else project_root() / path
-    return project_root() / "mlruns" / "batch_finder.json"
+    return data_mod.resolve_path(cfg.batch_finder.cache_path or "mlruns/batch_finder.json")
 
 
 def cache_key(cfg: Config, device: DeviceInfo, sequence_length: int, budget_bytes: Optional[float]) -> str:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import checkpointing
-from .config import Config, project_root, to_dict
+from .config import Config, to_dict
+from .data import resolve_path
 from .errors import ConfigError, DataError, MaxoutError
 
 
@@ -35,8 +36,7 @@ def run_key(cfg: Config) -> str:
 
 
 def checkpoint_root(cfg: Config) -> Path:
-    base = Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else project_root() / "checkpoints"
-    return base if base.is_absolute() else project_root() / base
+    return resolve_path(cfg.checkpoint.dir or "checkpoints")
 
 
 @dataclass
@@ -47,6 +47,7 @@ class Plan:
     run_key: str
     run_id: Optional[str] = None
     checkpoint: Optional[Path] = None
+    payload: Optional[dict] = None  # the checkpoint, loaded (memory-mapped) by plan()'s compatibility check
 
     @property
     def root(self) -> Path:
@@ -61,7 +62,7 @@ class Plan:
         """The TrainState to continue from (model, optimizer, RNG restored into ``setup``), or None."""
         if self.checkpoint is None:
             return None
-        payload = checkpointing.load(self.checkpoint)
+        payload = self.payload
         if (payload["micro_batch"], payload["accum_steps"]) != (setup.micro_batch, setup.accum_steps):
             raise MaxoutError(f"checkpoint {self.checkpoint} was saved with micro-batch {payload['micro_batch']} x "
                               f"{payload['accum_steps']} accumulation steps, this run has {setup.micro_batch} x "
@@ -105,8 +106,7 @@ def plan(cfg: Config, dataset: Any = None) -> Plan:
         run_id, path = cfg.resume, checkpointing.latest(root / cfg.resume)
         if path is None:
             raise ConfigError(_not_found(cfg, key))
-    _check_compatible(path, key, dataset)
-    return Plan(cfg, key, run_id, path)
+    return Plan(cfg, key, run_id, path, _check_compatible(path, key, dataset))
 
 
 def _not_found(cfg: Config, key: str) -> str:
@@ -118,7 +118,8 @@ def _not_found(cfg: Config, key: str) -> str:
             f"or the id of an interrupted run (a finished run keeps no checkpoints)")
 
 
-def _check_compatible(path: Path, key: str, dataset: Any) -> None:
+def _check_compatible(path: Path, key: str, dataset: Any) -> dict:
+    """The checkpoint's payload, if it belongs to this run key and data."""
     payload = checkpointing.load(path)
     if payload.get("run_key") != key:
         raise ConfigError(f"checkpoint {path} belongs to run key {payload.get('run_key')}, not {key}; "
@@ -127,3 +128,4 @@ def _check_compatible(path: Path, key: str, dataset: Any) -> None:
         raise DataError(f"the data changed since checkpoint {path} was saved (fingerprint "
                         f"{payload.get('data_fingerprint')} -> {dataset.fingerprint}); restore the original files "
                         f"or start a new run without resume")
+    return payload
