@@ -145,16 +145,17 @@ class MLflowTracker:
     @classmethod
     def start(cls, cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
               nested: bool = False, system_metrics: Optional[bool] = None,
-              run_id: Optional[str] = None) -> "MLflowTracker":
+              run_id: Optional[str] = None, checked: bool = False) -> "MLflowTracker":
         import mlflow
 
         from . import preflight
 
         uri, artifact_location = resolve_uri(cfg)
-        check_reachable(uri)
+        if not checked:  # validation.check, run just before by train() and hpo, made these two requests already
+            check_reachable(uri)
         if cfg.s3_endpoint_url:
             os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
-        if not nested:  # a nested run's parent already passed these
+        if not (nested or checked):  # a nested run's parent already passed these
             preflight.check_credentials(uri)
         mlflow.set_tracking_uri(uri)
         parent = mlflow.active_run() if nested else None  # a nested run lives in its parent's experiment
@@ -318,12 +319,14 @@ def _active(run_id: str) -> Iterator[None]:
 
 
 def start(cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
-          nested: bool = False, system_metrics: Optional[bool] = None, run_id: Optional[str] = None) -> Tracker:
-    """A new run, or with ``run_id`` the continuation of that run (resume)."""
+          nested: bool = False, system_metrics: Optional[bool] = None, run_id: Optional[str] = None,
+          checked: bool = False) -> Tracker:
+    """A new run, or with ``run_id`` the continuation of that run (resume). ``checked``: the caller ran
+    validation.check on this config, so the server's reachability and login need no second request."""
     if cfg.backend == "none":
         return NullTracker()
     return MLflowTracker.start(cfg, run_name=run_name, tags=tags, nested=nested, system_metrics=system_metrics,
-                               run_id=run_id)
+                               run_id=run_id, checked=checked)
 
 
 class Terminated(BaseException):

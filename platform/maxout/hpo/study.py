@@ -197,7 +197,8 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
     parent = tracking.start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False,
                             tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name,
                                   "maxout.hpo.storage": where, "maxout.hpo.worker": WORKER,
-                                  "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+                                  "maxout.model": cfg.model.name, "maxout.data": cfg.data.name},
+                            checked=True)  # prepare() ran validation.check
     with tracking.closing(parent):
         tree = config.to_dict(cfg)
         params = {k: v for section in tree if section not in ("hpo", "debug")

@@ -130,7 +130,7 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
                                  tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
                                        "maxout.model": cfg.model.name, "maxout.data": cfg.data.name,
                                        "maxout.run_key": resuming.run_key},
-                                 run_id=resuming.run_id)
+                                 run_id=resuming.run_id, checked=True)
     guard = tracking.closing(tracker) if owned else _no_close(tracker)
     with guard:
         setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch)
