@@ -287,18 +287,33 @@ def target_batch(cfg: Config) -> int:
     return cfg.train.target_effective_batch
 
 
+@dataclass
+class SearchPlan:
+    """What a search for ``cfg`` looks for, and under which cache key (find() and check-hardware's lookup)."""
+
+    target: int  # the effective batch the micro-batch must divide into
+    length: int  # the longest training row, in tokens
+    cap: int  # the largest micro-batch the run can use
+    upper: int  # the search range's upper end
+    budget: Optional[float]  # CPU memory budget in bytes; None on a GPU
+    key: str
+
+
+def search_for(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any) -> SearchPlan:
+    target, length = target_batch(cfg), longest_length(cfg, device, dataset, tokenizer)
+    cap, budget = min(target, len(dataset.train), cfg.batch_finder.max_batch), budget_bytes(cfg, device)
+    return SearchPlan(target, length, cap, search_range(cap, cfg.batch_finder.safety_margin), budget,
+                      cache_key(cfg, device, length, budget))
+
+
 def find(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
          probe: Optional[Callable[[int], bool]] = None) -> Result:
     """Search (or look up) the largest micro-batch for ``cfg`` on ``device``. ``probe`` replaces the real
     StepProbe (and bypasses the cache), e.g. with a synthetic memory model."""
     started = time.perf_counter()
     bf = cfg.batch_finder
-    target = target_batch(cfg)
-    length = longest_length(cfg, device, dataset, tokenizer)
-    cap = min(target, len(dataset.train), bf.max_batch)
-    upper = search_range(cap, bf.safety_margin)
-    budget = budget_bytes(cfg, device)
-    key = cache_key(cfg, device, length, budget)
+    plan = search_for(cfg, device, dataset, tokenizer)
+    target, length, cap, upper, budget, key = plan.target, plan.length, plan.cap, plan.upper, plan.budget, plan.key
     entry = cached(cfg, key, upper) if probe is None else None
     if entry:
         found, probes = min(entry["max_batch"], upper), [tuple(p) for p in entry["probes"]]

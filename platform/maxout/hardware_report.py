@@ -51,13 +51,11 @@ def recommended_batch(cfg: Config, device: DeviceInfo, search: bool = True) -> d
         dataset = data_mod.load(cfg.data)
         tokenizer = modeling.load_tokenizer(cfg.model)
         if not search:
-            length = batch_finder.longest_length(cfg, device, dataset, tokenizer)
-            key = batch_finder.cache_key(cfg, device, length, batch_finder.budget_bytes(cfg, device))
-            upper = batch_finder.search_range(min(batch_finder.target_batch(cfg), len(dataset.train),
-                                                  cfg.batch_finder.max_batch), cfg.batch_finder.safety_margin)
-            entry = batch_finder.cached(cfg, key, upper)
-            return ({"source": "cache", "max_batch": entry["max_batch"], "sequence_length": length, "key": key}
-                    if entry else {"error": "not in the batch finder's cache (run without --no-search)", "key": key})
+            plan = batch_finder.search_for(cfg, device, dataset, tokenizer)
+            entry = batch_finder.cached(cfg, plan.key, plan.upper)
+            return ({"source": "cache", "max_batch": entry["max_batch"], "sequence_length": plan.length,
+                     "key": plan.key} if entry else
+                    {"error": "not in the batch finder's cache (run without --no-search)", "key": plan.key})
         result = batch_finder.find(cfg, device, dataset, tokenizer)
     except MaxoutError as err:
         return {"error": str(err)}
