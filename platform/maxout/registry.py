@@ -300,12 +300,12 @@ class PromotionLock:
 class _AliasTransaction:
     """Alias and history writes that are undone together if any of them (or anything after) fails.
 
-    Used only under the promotion lock, so the snapshot taken at entry is still the state to go back to."""
+    Used only under the promotion lock, so the snapshot taken at entry is still the state to go back to.
+    ``with tx:`` around the writes undoes them when the block raises."""
 
     def __init__(self, client: "MlflowClient", name: str):
         self.client, self.name = client, name
         model = client.get_registered_model(name)
-        self.model = model
         self.before = {a: _alias(model, a) for a in (CHAMPION, CHALLENGER)}
         self.history = _history(model)
         self._history_written = False
@@ -321,6 +321,14 @@ class _AliasTransaction:
     def set_history(self, history: list[int]) -> None:
         self._history_written = True
         self.client.set_registered_model_tag(self.name, HISTORY_TAG, json.dumps(history))
+
+    def __enter__(self) -> "_AliasTransaction":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is not None:
+            self.undo()
+        return False  # the error that got us here is the one reported
 
     def undo(self) -> None:
         """Put aliases and history back; never raises, so the error that got us here is the one reported."""
@@ -390,7 +398,7 @@ def promote_if_better(client: "MlflowClient", name: str, version: int, value: fl
     champion; tag the version (and its run) with the reason. All-or-nothing: a failure restores the aliases."""
     tx = _AliasTransaction(client, name)
     champion = tx.before[CHAMPION]
-    try:
+    with tx:
         wins, reason = _decide(client, name, version, value, metric, direction, champion)
         if tx.before[CHALLENGER] is None or version > tx.before[CHALLENGER]:
             tx.set_alias(CHALLENGER, version)
@@ -400,9 +408,6 @@ def promote_if_better(client: "MlflowClient", name: str, version: int, value: fl
             tx.set_champion(version)
         if run_id:
             _tag_run(client, run_id, name, version, reason)
-    except BaseException:
-        tx.undo()
-        raise
     return Outcome(name, version, version if wins else champion, champion, reason)
 
 
@@ -514,31 +519,27 @@ def register_train_result(cfg: "Config", result: Any) -> Outcome:
 # ------------------------------------------------------------------------------------ by-hand operations
 
 
-def promote(client: "MlflowClient", name: str, version: int, ttl_s: float = 120.0,
-            timeout_s: float = 300.0) -> Outcome:
+def promote(client: "MlflowClient", name: str, version: int) -> Outcome:
     """Make ``version`` champion by hand (no metric comparison), recorded in the history like any promotion."""
     target = model_version(client, name, str(version))
     version = int(target.version)
-    with PromotionLock(client, name, ttl_s=ttl_s, timeout_s=timeout_s) as lock:
+    with PromotionLock(client, name) as lock:
         tx = _AliasTransaction(client, name)
         was = tx.before[CHAMPION]
         if was == version:
             return Outcome(name, version, version, was, f"v{version} already is {CHAMPION}")
         reason = f"champion: promoted by hand (was v{was})" if was else "champion: promoted by hand"
-        try:
+        with tx:
             client.set_model_version_tag(name, str(version), PROMOTION_TAG, reason)
             lock.check()
             tx.set_champion(version)
-        except BaseException:
-            tx.undo()
-            raise
     return Outcome(name, version, version, was, reason)
 
 
-def rollback(client: "MlflowClient", name: str, ttl_s: float = 120.0, timeout_s: float = 300.0) -> Outcome:
+def rollback(client: "MlflowClient", name: str) -> Outcome:
     """Move ``champion`` back to the champion before the current one (from ``maxout.champion_history``)."""
     registered_model(client, name)
-    with PromotionLock(client, name, ttl_s=ttl_s, timeout_s=timeout_s) as lock:
+    with PromotionLock(client, name) as lock:
         tx = _AliasTransaction(client, name)
         current = tx.before[CHAMPION]
         history = list(tx.history)
@@ -549,14 +550,11 @@ def rollback(client: "MlflowClient", name: str, ttl_s: float = 120.0, timeout_s:
                               f"(champion: {f'v{current}' if current else 'none'}; history: {tx.history})")
         target = history[-1]
         reason = f"champion: rolled back from v{current}" if current else "champion: rolled back"
-        try:
+        with tx:
             client.set_model_version_tag(name, str(target), PROMOTION_TAG, reason)
             lock.check()
             tx.set_history(history)
             tx.set_alias(CHAMPION, target)
-        except BaseException:
-            tx.undo()
-            raise
     return Outcome(name, target, target, current, reason)
 
 
