@@ -47,10 +47,6 @@ AXES: dict[str, Axis] = {
     "fused_adamw": Axis("hardware.fused_adamw", (False, True)),
 }
 # The decision (optimizations.NAMES) that tells whether a cell's request was honoured.
-DECISIONS = {"precision": "precision", "compile": "compile", "gradient_checkpointing": "gradient_checkpointing",
-             "bucketing": "bucketing", "fused_adamw": "fused_adamw"}
-
-
 def parse_grid(spec: Optional[str]) -> dict[str, tuple]:
     """``"precision=fp32,bf16 compile=off,on"`` -> {"precision": ("fp32", "bf16"), "compile": (False, True)}.
     None or empty: every value of every axis."""
@@ -225,8 +221,9 @@ def _run_cell(row: Row, cfg: Any, device: Any, dataset: Any, repeat: int, repeat
                 metrics["mem/peak_tensor_gb"] = _cpu_step_memory(result.setup, cfg)
                 child.log_metrics({"mem/peak_tensor_gb": metrics["mem/peak_tensor_gb"]},
                                   step=result.setup.total_steps)
+            # each axis is named after the optimization decision it sets (optimizations.NAMES)
             fallbacks = [f"{axis}: {d.reason}" for axis, _ in row.cell.values
-                         if (d := result.setup.decision(DECISIONS[axis])).changed]
+                         if (d := result.setup.decision(axis)).changed]
             del result
     except Exception as err:  # one broken cell must not lose the others: record it and go on
         row.status, row.reason = "failed", f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"

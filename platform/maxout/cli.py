@@ -75,7 +75,6 @@ def _tracking_uri(args: argparse.Namespace) -> str:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .errors import ConfigError
     from .predict import predict_file
 
     if args.batch_size < 1:
