@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from maxout import checkpointing, config, resume
-from maxout.errors import ConfigError, DataError
+from maxout.errors import ConfigError, DataError, MaxoutError
 from maxout.tracking import NullTracker
 from maxout.train import Callback, train
 
@@ -89,6 +89,25 @@ def test_resume_refuses_a_checkpoint_whose_data_changed(tmp_path):
     rows.to_csv(tmp_path / "train.csv", index=False)
     with pytest.raises(DataError, match="the data changed since checkpoint"):
         train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+
+
+def test_resume_refuses_a_checkpoint_of_another_micro_batch_before_reopening_the_run(tmp_path, mlflow_store,
+                                                                                      monkeypatch):
+    """batch_size=auto can choose another micro-batch on another device: the resume fails before the run is
+    reopened, so the interrupted run is left exactly as it was."""
+    from maxout.train import run as run_mod
+
+    overrides = [*small(tmp_path, *mlflow_store["overrides"]), "tracking.system_metrics=false"]
+    with pytest.raises(RuntimeError):
+        train(config.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
+    (before,) = runs_in(mlflow_store["uri"])
+    monkeypatch.setattr(run_mod.batch_finder, "resolve", lambda *args, **kwargs: (3, {}))  # the finder's choice
+    with pytest.raises(MaxoutError, match=r"was saved with micro-batch \d+ x \d+ accumulation steps, this run "
+                                          r"would have 3 x \d+ \(the batch finder's choice here\)"):
+        train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+    (after,) = runs_in(mlflow_store["uri"])
+    assert after.info.run_id == before.info.run_id and after.info.status == before.info.status == "FAILED"
+    assert after.data.tags == before.data.tags  # not reopened: no resumed_from_step, the crash's reason kept
 
 
 def test_uploaded_checkpoints_and_resume_of_an_unknown_or_differently_configured_run(tmp_path, mlflow_store):

@@ -58,16 +58,23 @@ class Plan:
         self.run_id = self.run_id or run_id or uuid.uuid4().hex
         return self.root / self.run_id
 
+    def check_batch(self, micro_batch: int, accum_steps: int) -> None:
+        """Before the run is reopened: the checkpoint's data position counts micro-batches of its own size. Only
+        train.batch_size=auto can differ (a configured batch is part of the run key): the finder chose another
+        micro-batch on this device."""
+        if self.payload is None:
+            return
+        saved = (self.payload["micro_batch"], self.payload["accum_steps"])
+        if saved != (micro_batch, accum_steps):
+            raise MaxoutError(f"checkpoint {self.checkpoint} was saved with micro-batch {saved[0]} x {saved[1]} "
+                              f"accumulation steps, this run would have {micro_batch} x {accum_steps} (the batch "
+                              f"finder's choice here); resume it on the device it was saved on, or start a new run")
+
     def restore(self, setup: Any) -> Optional[Any]:
         """The TrainState to continue from (model, optimizer, RNG restored into ``setup``), or None."""
         if self.checkpoint is None:
             return None
-        payload = self.payload
-        if (payload["micro_batch"], payload["accum_steps"]) != (setup.micro_batch, setup.accum_steps):
-            raise MaxoutError(f"checkpoint {self.checkpoint} was saved with micro-batch {payload['micro_batch']} x "
-                              f"{payload['accum_steps']} accumulation steps, this run has {setup.micro_batch} x "
-                              f"{setup.accum_steps}; set train.batch_size={payload['micro_batch']} to resume it")
-        return checkpointing.restore(setup, payload)
+        return checkpointing.restore(setup, self.payload)
 
     def checkpointer(self, setup: Any, tracker: Any) -> list:
         if not self.cfg.checkpoint.enabled:

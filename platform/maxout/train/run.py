@@ -22,7 +22,7 @@ import pandas as pd
 from .. import data as data_mod
 from .. import batch_finder, hardware, inference, metrics as m, tracking, validation
 from ..config import Config, to_dict
-from ..optimizations import lora
+from ..optimizations import accumulation, lora
 from .callbacks import Callback
 from .loop import fit
 from .setup import Setup, build
@@ -124,6 +124,7 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
     checked = validation.check(cfg, dataset)  # every input problem at once, before a run exists
     dataset, tokenizer, resuming = checked.dataset, checked.tokenizer, checked.resume
     micro_batch, finder_params = batch_finder.resolve(cfg, device, dataset, tokenizer, verbose=verbose)
+    resuming.check_batch(micro_batch, accumulation.plan(cfg.train.target_effective_batch, micro_batch)[0])
     owned = tracker is None
     if owned:
         tracker = tracking.start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",
