@@ -42,6 +42,11 @@ class OutOfMemory(HardwareError):
     found that not even one sample fits). HPO prunes such a trial instead of failing the study."""
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
 def one_of(value: object, valid: object) -> str:
     """'x' (valid: a, b, c) — the shared tail of most messages."""
     options = ", ".join(str(v) for v in valid) if not isinstance(valid, str) else valid

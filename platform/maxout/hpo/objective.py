@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 from .. import config, registry, tracking
 from ..data import Dataset
-from ..errors import OutOfMemory
+from ..errors import OutOfMemory, first_line
 from ..optimizations.compile import compile_seconds
 from ..train import Callback, TrainState, train
 from ..train.oom import free_cached
@@ -150,7 +150,7 @@ class Objective:
                 raise
             free_cached(self.device.torch_device)
             state, status = "PRUNED", "FINISHED"
-            reason = f"out of memory: {str(err).splitlines()[0][:500] if str(err) else type(err).__name__}"
+            reason = f"out of memory: {first_line(err)[:500]}"
             trial.set_user_attr("pruned_reason", reason)
             raise optuna.TrialPruned(reason) from None
         finally:

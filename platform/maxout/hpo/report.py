@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..errors import first_line
+
 PLOTS = ("optimization_history", "param_importances", "intermediate_values")
 
 
@@ -71,7 +73,7 @@ def plots(study: Any, out: Path) -> dict[str, str]:
             figure.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
             plt.close(figure)
         except Exception as err:  # too few trials for importances, no intermediate values, ...
-            skipped[name] = (str(err).splitlines() or [type(err).__name__])[0][:300]
+            skipped[name] = first_line(err)[:300]
     optuna.logging.set_verbosity(verbosity)
     return skipped
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from .. import tracking
 from ..config import TrackingConfig, project_root
-from ..errors import MaxoutError
+from ..errors import MaxoutError, first_line
 from .settings import HpoConfig
 
 CONNECT_TIMEOUT_S = 5  # an unreachable database fails in seconds, not after driver-default minutes
@@ -62,7 +62,7 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
                 grace_period=hpo.grace_period_s,
                 heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg))
     except Exception as err:  # sqlalchemy's OperationalError / ArgumentError, a missing driver, ...
-        first = (str(err).splitlines() or [type(err).__name__])[0]
+        first = first_line(err)
         if "import" in first.lower():  # SQLAlchemy 2.1 maps postgresql:// to psycopg 3, which is not installed
             raise MaxoutError(f"no database driver for {tracking.redact(where)} ({first}); for PostgreSQL use "
                               f"postgresql+psycopg2://user:password@host:5432/db") from None

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 from .. import metrics as m
 from ..data import MODEL_INPUTS
+from ..errors import first_line
 from ..optimizations import compile as compile_opt, grad_clipping
 from .callbacks import Callback, CallbackList, TrainState
-from . import oom
 from .evaluate import evaluate
 from .setup import Setup
 
@@ -55,7 +55,7 @@ def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> 
         except torch.OutOfMemoryError as err:
             if not s.oom.enabled:
                 raise
-            message = oom.first_line(err)
+            message = first_line(err)
         # Outside the handler, so the traceback no longer pins the failed attempt's activations.
         s.optimizer.zero_grad(set_to_none=True)
         s.oom.halve(message, list(micro_batches), step=s.scheduler.last_epoch + 1, device_type=s.device.torch_device)

@@ -13,7 +13,7 @@ import gc
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -74,7 +74,3 @@ def free_cached(device_type: str) -> None:
     if device_type == "cuda":
         gc.collect()  # reference cycles can hold activations
         torch.cuda.empty_cache()
-
-
-def first_line(err: BaseException) -> Optional[str]:
-    return (str(err).splitlines() or [type(err).__name__])[0]
