@@ -112,9 +112,11 @@ class Objective:
 
         values = search_space.suggest(trial, self.specs)
         cfg = config.load(self.overrides + search_space.overrides(values), device=self.device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen(trial))
+        retry_of = None
+        if self.retried_by_heartbeat:  # only heartbeat storages re-queue; frozen() reads every trial of the study
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen(trial))
         tags = {"maxout.command": "hpo-trial", "maxout.hpo.study": trial.study.study_name,
                 "maxout.hpo.trial_number": trial.number, "maxout.hpo.state": "RUNNING",
                 "maxout.hardware_profile": cfg.hardware.name, "maxout.model": cfg.model.name,
