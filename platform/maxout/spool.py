@@ -108,10 +108,14 @@ class Spool:
             self._write(records)
             self._pending.extend(records)
 
-    def ack(self, seq: int) -> None:
+    def ack(self, *seqs: int) -> None:
+        """Mark records delivered: one journal write (and fsync) for all of them."""
+        if not seqs:
+            return
         with self._lock:
-            self._write([{"ack": seq}])
-            self._pending = [r for r in self._pending if r["seq"] != seq]
+            self._write([{"ack": seq} for seq in seqs])
+            done = set(seqs)
+            self._pending = [r for r in self._pending if r["seq"] not in done]
 
     def pending(self) -> list[dict]:
         with self._lock:
@@ -198,22 +202,26 @@ class Sender:
     def deliver(self) -> bool:
         """Send everything pending, in order. True when nothing is left."""
         with self._deliver_lock:
-            for record in self.spool.pending():
-                if self.error is not None:
-                    return False
-                try:
-                    with fail_fast_http():
-                        send(self.client, self.spool.run_id, record)
-                except Exception as err:
-                    if not unreachable(err):
-                        self.error = err
+            delivered: list[int] = []
+            try:
+                for record in self.spool.pending():
+                    if self.error is not None:
                         return False
-                    if self.offline_since is None:
-                        self.offline_since, self.outages = time.monotonic(), self.outages + 1
-                        log.warning("maxout: tracking server unreachable (%s); keeping its records in %s until "
-                                    "it is back", type(err).__name__, self.spool.path)
-                    return False
-                self.spool.ack(record["seq"])
+                    try:
+                        with fail_fast_http():
+                            send(self.client, self.spool.run_id, record)
+                    except Exception as err:
+                        if not unreachable(err):
+                            self.error = err
+                            return False
+                        if self.offline_since is None:
+                            self.offline_since, self.outages = time.monotonic(), self.outages + 1
+                            log.warning("maxout: tracking server unreachable (%s); keeping its records in %s "
+                                        "until it is back", type(err).__name__, self.spool.path)
+                        return False
+                    delivered.append(record["seq"])
+            finally:  # one acknowledgement write per pass (a crash before it re-sends: MLflow keeps each once)
+                self.spool.ack(*delivered)
             if self.offline_since is not None:
                 log.warning("maxout: tracking server back after %.0f s; spooled records delivered",
                             time.monotonic() - self.offline_since)
