@@ -125,13 +125,20 @@ def cmd_hpo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_on_this_device(args: argparse.Namespace) -> tuple:
+    """(config, device) for commands that look at this machine: every bad override listed at once, as in train."""
+    from . import hardware, validation
+
+    device = hardware.detect()
+    return validation.load_config(split_overrides(args.overrides, args.overrides_string), device), device
+
+
 def cmd_check_hardware(args: argparse.Namespace) -> int:
     import json
 
-    from . import config, hardware, hardware_report
+    from . import hardware_report
 
-    device = hardware.detect()
-    cfg = config.load(split_overrides(args.overrides, args.overrides_string), device=device)
+    cfg, device = _config_on_this_device(args)
     rep = hardware_report.report(cfg, device, search=not args.no_search)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
@@ -147,10 +154,9 @@ def cmd_check_hardware(args: argparse.Namespace) -> int:
 def cmd_find_batch_size(args: argparse.Namespace) -> int:
     import json
 
-    from . import batch_finder, config, data, hardware, modeling
+    from . import batch_finder, data, modeling
 
-    device = hardware.detect()
-    cfg = config.load(split_overrides(args.overrides, args.overrides_string), device=device)
+    cfg, device = _config_on_this_device(args)
     result = batch_finder.find(cfg, device, data.load(cfg.data), modeling.load_tokenizer(cfg.model))
     print(json.dumps(result.params(), indent=2) if args.json else f"maxout: {result.summary()}")
     return 0
