@@ -72,16 +72,28 @@ def test_bucketing_with_static_padding_is_skipped(cpu_device):
     assert "pads every row to the same length" in benchmark.skip_reason(benchmark.cells(grid)[0], cpu_device, cfg)
 
 
+def test_fast_dropout_with_compile_or_checkpointing_in_the_same_cell_is_skipped(cpu_device):
+    from maxout import config
+
+    cfg = config.load(BASE, device=cpu_device)
+    grid = benchmark.parse_grid("gradient_checkpointing=off,on fast_dropout=on")
+    honoured, recomputed = (benchmark.skip_reason(cell, cpu_device, cfg) for cell in benchmark.cells(grid))
+    assert honoured == "" and recomputed.startswith("fast_dropout: gradient checkpointing recomputes dropout")
+    compiled = benchmark.cells(benchmark.parse_grid("compile=on fast_dropout=on"))[0]
+    assert "inductor" in benchmark.skip_reason(compiled, cpu_device, cfg) or \
+        benchmark.skip_reason(compiled, cpu_device, cfg).startswith("compile:")  # no C compiler: compile says so first
+
+
 def test_the_default_grid_is_every_value_of_every_axis():
     grid = benchmark.parse_grid(None)
-    assert grid["precision"] == ("fp32", "fp16", "bf16") and len(benchmark.cells(grid)) == 3 * 2 * 2 * 2 * 2
+    assert grid["precision"] == ("fp32", "fp16", "bf16") and len(benchmark.cells(grid)) == 3 * 2 ** 5
     assert benchmark.cells(grid)[0].name == ("precision=fp32 compile=off gradient_checkpointing=off bucketing=off "
-                                             "fused_adamw=off")
+                                             "fused_adamw=off fast_dropout=off")
 
 
 @pytest.mark.parametrize("grid,message", [
     ("precison=fp32", "unknown grid key 'precison' (valid: precision, compile, gradient_checkpointing, bucketing, "
-                      "fused_adamw)"),
+                      "fused_adamw, fast_dropout)"),
     ("precision=fp8", "grid precision='fp8' is invalid (valid: fp32, fp16, bf16)"),
     ("compile=maybe", "grid compile='maybe' is invalid (valid: on, off, true, false)"),
     ("compile", "grid entry 'compile' is malformed: write axis=value1,value2"),

@@ -118,6 +118,12 @@ SETTINGS: dict[str, Case] = {
                  and not any(p.requires_grad for n, p in r.setup.model.named_parameters() if "word_embeddings" in n)),
     "dora": Case(["model.adapter=dora", "model.lora_r=4"], {"opt.adapter.effective": "dora"},
                  lambda r, d: r.setup.model.peft_config["default"].use_dora is True),
+    "fast_dropout": Case(["hardware.fast_dropout=true"], {"opt.fast_dropout.effective": "true"},
+                         lambda r, d: r.setup.forward.__wrapped__ is r.setup.model),
+    "fast_dropout_off_with_checkpointing": Case(
+        ["hardware.fast_dropout=true", "hardware.gradient_checkpointing=true"],
+        {"opt.fast_dropout.requested": "true", "opt.fast_dropout.effective": "false"},
+        lambda r, d: r.setup.forward is r.setup.model, {"opt.fast_dropout.reason": "recomputes dropout"}),
     "freeze_with_adapter_is_redundant": Case(
         ["model.adapter=lora", "model.freeze_encoder=true"], {"opt.freeze_encoder.effective": "false"},
         lambda r, d: type(r.setup.model).__name__.startswith("Peft"), {"opt.freeze_encoder.reason": "already freezes"}),

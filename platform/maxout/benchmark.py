@@ -45,6 +45,7 @@ AXES: dict[str, Axis] = {
     "gradient_checkpointing": Axis("hardware.gradient_checkpointing", (False, True)),
     "bucketing": Axis("data.bucketing", (False, True)),
     "fused_adamw": Axis("hardware.fused_adamw", (False, True)),
+    "fast_dropout": Axis("hardware.fast_dropout", (False, True)),
 }
 # The decision (optimizations.NAMES) that tells whether a cell's request was honoured.
 def parse_grid(spec: Optional[str]) -> dict[str, tuple]:
@@ -106,10 +107,15 @@ def cells(grid: dict[str, tuple]) -> list[Cell]:
 
 def skip_reason(cell: Cell, device: Any, cfg: Any) -> str:
     """Why the device cannot honour ``cell`` (empty: it can), from the optimizations' own checks."""
-    from .optimizations import bucketing, compile as compile_opt, fused_adamw, precision as precision_opt
+    from .optimizations import bucketing, compile as compile_opt, fast_dropout, fused_adamw
+    from .optimizations import precision as precision_opt
 
+    asked = dict(cell.values)
     checks = {"compile": lambda: compile_opt.supported(device), "fused_adamw": lambda: fused_adamw.supported(device),
-              "bucketing": lambda: bucketing.supported(cfg.data.padding)}
+              "bucketing": lambda: bucketing.supported(cfg.data.padding),
+              "fast_dropout": lambda: fast_dropout.supported(
+                  device, asked.get("compile", cfg.hardware.compile),
+                  asked.get("gradient_checkpointing", cfg.hardware.gradient_checkpointing))}
     for axis, value in cell.values:
         if axis == "precision":
             decision = precision_opt.resolve(value, device)
@@ -249,9 +255,11 @@ def _fresh_process_state(cfg: Any, device: Any) -> None:
 
 def _cpu_step_memory(setup: Any, cfg: Any) -> float:
     from .batch_finder import StepProbe
+    from .optimizations import fast_dropout
     from .tensor_memory import GIB
 
-    setup.forward = setup.model  # count eager tensors (a compiled graph allocates outside the dispatcher)
+    # Count eager tensors (a compiled graph allocates outside the dispatcher); fast dropout's masks are its own.
+    setup.forward = fast_dropout.apply(setup.model) if setup.decision("fast_dropout").effective else setup.model
     probe = StepProbe(setup, target=cfg.train.target_effective_batch or setup.micro_batch, budget_bytes=None)
     return (probe.peak_bytes(setup.micro_batch) or 0) / GIB
 

@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(p)
     p.add_argument("--grid", default=None, metavar="SPEC",
                    help='axes and values, e.g. "precision=fp32,bf16 compile=off,on" (default: every value of '
-                        'precision, compile, gradient_checkpointing, bucketing, fused_adamw)')
+                        'precision, compile, gradient_checkpointing, bucketing, fused_adamw, fast_dropout)')
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per cell (default: one epoch, which measures length bucketing fairly)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the grid; medians are reported")

@@ -69,6 +69,7 @@ class HardwareConfig:
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
     fused_adamw: bool = True
+    fast_dropout: bool = False  # CPU dropout masks from bulk random bits (optimizations/fast_dropout.py)
     batch_size: Any = 32  # per-device micro-batch: int or 'auto' (batch finder)
     num_workers: Any = "auto"  # int or 'auto' = cores - 2, at least 0
     pin_memory: bool = True

@@ -17,7 +17,7 @@ from .hardware import DeviceInfo
 
 def support(device: DeviceInfo) -> dict[str, dict]:
     """Each speed-up the device can or cannot use, with the optimizations' own reasons."""
-    from .optimizations import compile as compile_opt, cudnn_benchmark, dataloader, fused_adamw
+    from .optimizations import compile as compile_opt, cudnn_benchmark, dataloader, fast_dropout, fused_adamw
     from .optimizations import precision as precision_opt, tf32
 
     checks = {
@@ -28,6 +28,7 @@ def support(device: DeviceInfo) -> dict[str, dict]:
         "torch.compile": compile_opt.supported(device),
         "CUDA graphs (compile reduce-overhead)": (device.is_cuda, "" if device.is_cuda else "no CUDA device"),
         "fused AdamW": fused_adamw.supported(device),
+        "fast dropout (bulk random bits)": fast_dropout.supported(device, compiled=False, gradient_checkpointing=False),
         "cuDNN benchmark": cudnn_benchmark.supported(device),
         "pinned memory": dataloader.supported_pin_memory(device),
     }

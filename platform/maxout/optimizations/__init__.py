@@ -10,7 +10,7 @@ from .base import Decision, decide
 NAMES = (
     "precision", "tf32", "cudnn_benchmark", "deterministic", "fused_adamw", "compile", "compile_mode",
     "gradient_checkpointing", "attention", "accumulation", "grad_clipping", "num_workers", "pin_memory",
-    "persistent_workers", "prefetch_factor", "bucketing", "padding", "freeze_encoder", "adapter",
+    "persistent_workers", "prefetch_factor", "bucketing", "padding", "freeze_encoder", "adapter", "fast_dropout",
 )
 
 __all__ = ["Decision", "decide", "NAMES"]

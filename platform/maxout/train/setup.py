@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import Decision, decide
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
-from ..optimizations import dataloader, deterministic, freeze, fused_adamw, grad_clipping
+from ..optimizations import dataloader, deterministic, fast_dropout, freeze, fused_adamw, grad_clipping
 from ..optimizations import gradient_checkpointing, lora, precision as precision_opt, tf32
 from .oom import OOMRecovery
 
@@ -170,7 +170,11 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
     _, total = planned_steps(len(train_loader), accum_steps, cfg.train)
     optimizer, scheduler, d_optim = build_optimizer(cfg, device, model, total)
     forward, d_compile = build_compile(cfg, device, model)
-    decisions += d_model + d_data + [d_accum] + d_optim + d_compile
+    d_dropout = decide("fast_dropout", cfg.hardware.fast_dropout,
+                       fast_dropout.supported(device, d_compile[0].effective, d_model[1].effective))
+    if d_dropout.effective:
+        forward = fast_dropout.apply(forward)
+    decisions += d_model + d_data + [d_accum] + d_optim + d_compile + [d_dropout]
     setup = Setup(cfg=cfg, device=device, dataset=dataset, tokenizer=tokenizer, model_config=model_config,
                   model=model, forward=forward, optimizer=optimizer, scheduler=scheduler,
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
