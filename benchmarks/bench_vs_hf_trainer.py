@@ -1,12 +1,12 @@
 """maxout vs the Hugging Face Trainer: steady-state training samples/s, same model, data, batch, precision, machine.
 
-    python benchmarks/bench_vs_hf_trainer.py                 # MiniLM on projects/nli_demo, one epoch each
+    python benchmarks/bench_vs_hf_trainer.py                 # MiniLM on projects/nli_demo, two epochs each
     python benchmarks/bench_vs_hf_trainer.py --compile        # both compile (maxout: hardware.compile=true)
     python benchmarks/bench_vs_hf_trainer.py --rounds 2 --maxout-override hardware.fast_dropout=false
 
 Three contenders, run in one process, in the order A B C then C B A (both orders, so drift and warm caches do
-not favour one side; `--rounds N` repeats that pattern), each for one full epoch of the demo's training set, so
-every contender processes exactly the same rows:
+not favour one side; `--rounds N` repeats that pattern), each for the same number of full epochs of the demo's
+training set, so every contender processes exactly the same rows:
 
 - maxout: its defaults for the device (`hardware=auto`), with the micro-batch and precision given here; on CPU
   that includes fast dropout (`--maxout-override hardware.fast_dropout=false` measures it without).
@@ -60,7 +60,7 @@ def maxout_run(args) -> dict:
     from maxout.tracking import NullTracker
     from maxout.train import train
 
-    overrides = [f"model={args.model}", "tracking=none", "train.epochs=1", f"train.batch_size={args.batch}",
+    overrides = [f"model={args.model}", "tracking=none", f"train.batch_size={args.batch}",
                  f"train.target_effective_batch={args.batch}", f"train.epochs={args.epochs}",
                  f"train.warmup_steps_excluded={excluded_steps(args)}",
                  f"hardware.precision={args.precision}", f"hardware.compile={str(args.compile).lower()}",
@@ -111,7 +111,6 @@ def trainer_run(args, best: bool, precision: str, attention: str) -> dict:
                       data_collator=DataCollatorWithPadding(tok), callbacks=[clock])
     trainer.train()
     steps = len(clock.marks)
-    # Every step has `batch` rows except possibly the last one.
     skip = excluded_steps(args)
     samples_after = sum(step_sizes(len(rows), args)[skip:])
     seconds = clock.marks[-1] - clock.marks[skip - 1]
