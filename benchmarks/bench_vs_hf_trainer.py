@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -52,7 +53,7 @@ def step_sizes(rows: int, args) -> list[int]:
 
 def excluded_steps(args) -> int:
     """Every step before the last epoch, plus its first --warmup steps."""
-    return len(step_sizes(args.train_rows, args)) // args.epochs * (args.epochs - 1) + args.warmup
+    return math.ceil(args.train_rows / args.batch) * (args.epochs - 1) + args.warmup
 
 
 def maxout_run(args) -> dict:

@@ -262,11 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON (the params a run logs)")
     p.set_defaults(func=cmd_find_batch_size)
 
+    from .benchmark import AXES  # stdlib-only module: cheap to import while building the parser
+
     p = sub.add_parser("benchmark", help="ablation over a grid of optimizations, one MLflow child run per cell")
     _add_overrides(p)
     p.add_argument("--grid", default=None, metavar="SPEC",
                    help='axes and values, e.g. "precision=fp32,bf16 compile=off,on" (default: every value of '
-                        'precision, compile, gradient_checkpointing, bucketing, fused_adamw, fast_dropout)')
+                        f'{", ".join(AXES)})')
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per cell (default: one epoch, which measures length bucketing fairly)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the grid; medians are reported")

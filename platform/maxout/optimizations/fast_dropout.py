@@ -18,6 +18,7 @@ Dropout inside fused kernels (SDPA's ``dropout_p``) is not seen and stays torch'
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import torch
@@ -41,9 +42,7 @@ def supported(device: Any, compiled: bool, gradient_checkpointing: bool) -> tupl
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> torch.Tensor:
     """Bool mask of ``shape``, each element True with probability 1 - p (p rounded to 1/65536)."""
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
     words.random_(-2 ** 63, None)  # the full 64-bit range: four uniform 16-bit numbers per word
     drop_below = round(p * 2 ** _BITS) - 2 ** (_BITS - 1)  # int16 is signed: [-32768, 32767]
