@@ -22,12 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def checkpoint_costs(model: str, repeats: int) -> dict:
-    from maxout import checkpointing, config
-    from maxout.tracking import NullTracker
+    from maxout import loading
+    from maxout.train import checkpointing
+    from maxout.tracking.tracker import NullTracker
     from maxout.train import TrainState, train
 
-    cfg = config.load(["hardware=cpu", f"model={model}", "tracking=none", "train.max_steps=1",
-                       "checkpoint.enabled=false"])
+    cfg = loading.load(["hardware=cpu", f"model={model}", "tracking=none", "train.max_steps=1",
+                        "checkpoint.enabled=false"])
     setup = train(cfg, tracker=NullTracker(), progress=False, verbose=False).setup  # optimizer state exists
     state = TrainState(total_steps=setup.total_steps, step=1)
     saves, loads = [], []
@@ -50,7 +51,7 @@ def flush_costs(repeats: int, metrics_per_flush: int) -> dict:
     import mlflow
     from mlflow.entities import Metric
 
-    from maxout import spool
+    from maxout.tracking import spool
 
     with tempfile.TemporaryDirectory() as tmp:
         mlflow.set_tracking_uri(f"sqlite:///{tmp}/store.db")  # flush_async_logging() uses the global store

@@ -57,8 +57,8 @@ def excluded_steps(args) -> int:
 
 
 def maxout_run(args) -> dict:
-    from maxout import config
-    from maxout.tracking import NullTracker
+    from maxout import loading
+    from maxout.tracking.tracker import NullTracker
     from maxout.train import train
 
     overrides = [f"model={args.model}", "tracking=none", f"train.batch_size={args.batch}",
@@ -66,7 +66,7 @@ def maxout_run(args) -> dict:
                  f"train.warmup_steps_excluded={excluded_steps(args)}",
                  f"hardware.precision={args.precision}", f"hardware.compile={str(args.compile).lower()}",
                  *args.maxout_override]
-    cfg = config.load(overrides)
+    cfg = loading.load(overrides)
     result = train(cfg, tracker=NullTracker(), progress=False, verbose=False)
     m = result.metrics
     return {"samples_per_s": m["perf/steady_samples_per_s"], "samples": m["train/samples"],
@@ -79,10 +79,10 @@ def trainer_run(args, best: bool, precision: str, attention: str) -> dict:
     from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
     from transformers.utils import logging as hf_logging
 
-    from maxout import config, data as data_mod, modeling
+    from maxout import data as data_mod, loading, modeling
 
     hf_logging.set_verbosity_error()
-    cfg = config.load([f"model={args.model}", "hardware=cpu" if not torch.cuda.is_available() else "hardware=auto"])
+    cfg = loading.load([f"model={args.model}", "hardware=cpu" if not torch.cuda.is_available() else "hardware=auto"])
     ds = data_mod.load(cfg.data)
     tok = modeling.load_tokenizer(cfg.model)
     enc = tok(ds.train.texts, ds.train.pairs, truncation="longest_first", max_length=cfg.data.max_length)
@@ -139,9 +139,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "vs_hf_trainer.json"))
     args = parser.parse_args()
     os.chdir(ROOT)
-    from maxout import config, data as data_mod
+    from maxout import data as data_mod, loading
 
-    args.train_rows = len(data_mod.load(config.load([f"model={args.model}"]).data).train)
+    args.train_rows = len(data_mod.load(loading.load([f"model={args.model}"]).data).train)
 
     results: dict[str, list] = {"maxout": [], "trainer_best": [], "trainer_default": []}
     first = maxout_run(args)

@@ -80,13 +80,13 @@ def logging_path_ms(cfg, steps: int = 1000) -> float:
 
 
 def measure(overrides: list[str], reps: int, steps: int, modes: list[str], interval: float) -> dict:
-    from maxout import config, data, hardware
+    from maxout import data, hardware, loading
     from maxout.train import train
     from tests.services import mlflow_server
 
     device = hardware.detect()
     common = [*overrides, f"train.max_steps={steps}", "train.epochs=1000", "train.log_every=1"]
-    null_cfg = config.load([*common, "tracking=none"], device=device)
+    null_cfg = loading.load([*common, "tracking=none"], device=device)
     dataset = data.load(null_cfg.data)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="maxout-overhead-") as tmp:
@@ -95,9 +95,9 @@ def measure(overrides: list[str], reps: int, steps: int, modes: list[str], inter
             server = [*common, "tracking=server", f"tracking.uri={url}", "tracking.log_model=false",
                       "tracking.experiment_name=tracking-overhead"]
             configs = {"none": null_cfg,
-                       "mlflow": config.load([*server, "tracking.system_metrics=true",
-                                              f"tracking.system_metrics_interval_s={interval}"], device=device),
-                       "mlflow-no-system": config.load([*server, "tracking.system_metrics=false"], device=device)}
+                       "mlflow": loading.load([*server, "tracking.system_metrics=true",
+                                               f"tracking.system_metrics_interval_s={interval}"], device=device),
+                       "mlflow-no-system": loading.load([*server, "tracking.system_metrics=false"], device=device)}
             train(null_cfg, progress=False, device=device, verbose=False, dataset=dataset)  # warm-up, not counted
             for rep in range(reps):
                 row = {}
@@ -129,9 +129,9 @@ def measure(overrides: list[str], reps: int, steps: int, modes: list[str], inter
 
 
 def null_batch(overrides: list[str]) -> int:
-    from maxout import config
+    from maxout import loading
 
-    cfg = config.load([*overrides, "tracking=none"])
+    cfg = loading.load([*overrides, "tracking=none"])
     return cfg.train.target_effective_batch or cfg.batch_size
 
 

@@ -3,7 +3,7 @@
 CANDIDATES_JSON is a list of [run_id, model_uri, metric_value]. mlflow and maxout are imported once, then one
 process is forked per candidate (separate processes with their own store connections, as separate machines would
 have); each opens its client, waits at a barrier so they all start promoting at the same moment, and calls
-``registry.register_and_promote``. Prints one JSON line: each promoter's outcome (or error) and exit code.
+``promotion.register_and_promote``. Prints one JSON line: each promoter's outcome (or error) and exit code.
 """
 
 from __future__ import annotations
@@ -14,17 +14,19 @@ import sys
 
 import mlflow  # noqa: F401  (imported before forking, so no child pays for it)
 
-from maxout import registry
+from maxout.registry import client as registry_client
+from maxout.registry import promotion as registry_promotion
 from maxout.config import Config, RegistryConfig, TrackingConfig
 
 
 def promoter(uri: str, name: str, run_id: str, model_uri: str, value: float, barrier, results) -> None:
-    client = registry.connect(uri)
+    client = registry_client.connect(uri)
     client.search_registered_models(max_results=1)  # connect before the start line
     barrier.wait()
     cfg = Config(registry=RegistryConfig(name=name), tracking=TrackingConfig(uri=uri))
     try:
-        out = registry.register_and_promote(run_id, model_uri, value, cfg, "race-fingerprint", "cpu", client=client)
+        out = registry_promotion.register_and_promote(run_id, model_uri, value, cfg, "race-fingerprint", "cpu",
+                                                      client=client)
         results.put({"value": value, "version": out.version, "reason": out.reason})
     except Exception as err:  # noqa: BLE001  (reported to the test, which fails on it)
         results.put({"value": value, "error": f"{type(err).__name__}: {err}"})

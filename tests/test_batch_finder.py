@@ -10,11 +10,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from maxout import batch_finder, cli, config, data, modeling
+from maxout import cli, data, loading, modeling
+from maxout.train import batch_finder
 from maxout.errors import ConfigError, HardwareError
 from maxout.optimizations import accumulation
-from maxout.tensor_memory import GIB, TensorMemory, training_state
-from maxout.tracking import NullTracker
+from maxout.train.tensor_memory import GIB, TensorMemory, training_state
+from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 from maxout.train.loop import fit
 from maxout.train.setup import build
@@ -62,12 +63,12 @@ def test_micro_batch_keeps_the_effective_batch(safe, target, micro, effective):
 
 @pytest.fixture(scope="module")
 def demo():
-    cfg = config.load(["hardware=cpu", "model=tiny"])
+    cfg = loading.load(["hardware=cpu", "model=tiny"])
     return data.load(cfg.data), modeling.load_tokenizer(cfg.model)
 
 
 def load(*overrides, tmp_path):
-    return config.load([*TINY, f"batch_finder.cache_path={tmp_path / 'cache.json'}", *overrides])
+    return loading.load([*TINY, f"batch_finder.cache_path={tmp_path / 'cache.json'}", *overrides])
 
 
 def test_find_with_a_synthetic_probe_applies_the_margin_and_keeps_the_target(demo, cpu_device, tmp_path):
@@ -164,7 +165,7 @@ def test_batch_size_auto_needs_a_target_effective_batch(demo, cpu_device, tmp_pa
 ])
 def test_bad_finder_settings_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
-        config.load(["hardware=cpu", override])
+        loading.load(["hardware=cpu", override])
 
 
 def test_tensor_memory_counts_live_storages_and_fails_past_its_limit():
@@ -186,8 +187,8 @@ def test_gpu_probe_finds_the_device_limit_under_a_memory_fraction(demo, tmp_path
     from maxout import hardware
 
     device = hardware.detect()
-    cfg = config.load(["hardware=auto", "model=tiny", "tracking=none", "train.target_effective_batch=512",
-                       "hardware.compile=false", f"batch_finder.cache_path={tmp_path / 'c.json'}"], device=device)
+    cfg = loading.load(["hardware=auto", "model=tiny", "tracking=none", "train.target_effective_batch=512",
+                        "hardware.compile=false", f"batch_finder.cache_path={tmp_path / 'c.json'}"], device=device)
     probe = batch_finder.StepProbe.build(cfg, device, *demo, target=512, budget_bytes=None)
     one, many = probe.peak_bytes(1), probe.peak_bytes(64)
     probe.close()
@@ -212,7 +213,7 @@ def test_gpu_model_that_cannot_fit_one_sample_is_a_clear_error(demo, tmp_path):
     from maxout import hardware
 
     device = hardware.detect()
-    cfg = config.load(["hardware=auto", "model=tiny", "tracking=none", "batch_finder.cache=false"], device=device)
+    cfg = loading.load(["hardware=auto", "model=tiny", "tracking=none", "batch_finder.cache=false"], device=device)
     torch.cuda.set_per_process_memory_fraction(1e-6)
     try:
         with pytest.raises(HardwareError, match="does not fit even one sample per micro-batch on"):

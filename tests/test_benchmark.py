@@ -7,7 +7,8 @@ import mlflow
 import pandas as pd
 import pytest
 
-from maxout import benchmark, cli
+from maxout import cli
+from maxout.insight import benchmark, grid as grid_mod
 
 from .conftest import runs_in
 
@@ -65,30 +66,30 @@ def test_cells_the_device_cannot_honour_are_skipped_with_the_reason(cpu_device, 
 
 
 def test_bucketing_with_static_padding_is_skipped(cpu_device):
-    grid = benchmark.parse_grid("bucketing=on")
-    from maxout import config
+    grid = grid_mod.parse_grid("bucketing=on")
+    from maxout import loading
 
-    cfg = config.load([*BASE, "data.padding=max_length"], device=cpu_device)
-    assert "pads every row to the same length" in benchmark.skip_reason(benchmark.cells(grid)[0], cpu_device, cfg)
+    cfg = loading.load([*BASE, "data.padding=max_length"], device=cpu_device)
+    assert "pads every row to the same length" in benchmark.skip_reason(grid_mod.cells(grid)[0], cpu_device, cfg)
 
 
 def test_fast_dropout_with_compile_or_checkpointing_in_the_same_cell_is_skipped(cpu_device):
-    from maxout import config
+    from maxout import loading
 
-    cfg = config.load(BASE, device=cpu_device)
-    grid = benchmark.parse_grid("gradient_checkpointing=off,on fast_dropout=on")
-    honoured, recomputed = (benchmark.skip_reason(cell, cpu_device, cfg) for cell in benchmark.cells(grid))
+    cfg = loading.load(BASE, device=cpu_device)
+    grid = grid_mod.parse_grid("gradient_checkpointing=off,on fast_dropout=on")
+    honoured, recomputed = (benchmark.skip_reason(cell, cpu_device, cfg) for cell in grid_mod.cells(grid))
     assert honoured == "" and recomputed.startswith("fast_dropout: gradient checkpointing recomputes dropout")
-    compiled = benchmark.cells(benchmark.parse_grid("compile=on fast_dropout=on"))[0]
+    compiled = grid_mod.cells(grid_mod.parse_grid("compile=on fast_dropout=on"))[0]
     assert "inductor" in benchmark.skip_reason(compiled, cpu_device, cfg) or \
         benchmark.skip_reason(compiled, cpu_device, cfg).startswith("compile:")  # no C compiler: compile says so first
 
 
 def test_the_default_grid_is_every_value_of_every_axis():
-    grid = benchmark.parse_grid(None)
-    assert grid["precision"] == ("fp32", "fp16", "bf16") and len(benchmark.cells(grid)) == 3 * 2 ** 5
-    assert benchmark.cells(grid)[0].name == ("precision=fp32 compile=off gradient_checkpointing=off bucketing=off "
-                                             "fused_adamw=off fast_dropout=off")
+    grid = grid_mod.parse_grid(None)
+    assert grid["precision"] == ("fp32", "fp16", "bf16") and len(grid_mod.cells(grid)) == 3 * 2 ** 5
+    assert grid_mod.cells(grid)[0].name == ("precision=fp32 compile=off gradient_checkpointing=off bucketing=off "
+                                            "fused_adamw=off fast_dropout=off")
 
 
 @pytest.mark.parametrize("grid,message", [
@@ -107,16 +108,14 @@ def test_bad_grids_are_one_line_usage_errors_and_run_nothing(grid, message, mlfl
 
 
 def test_a_failing_cell_is_recorded_and_the_others_still_run(cpu_device, tmp_path, monkeypatch):
-    import maxout.train
-
-    real_train = maxout.train.train
+    real_train = benchmark.train
 
     def train(cfg, **kwargs):
         if cfg.hardware.fused_adamw:
             raise RuntimeError("kernel exploded\nsecond line")
         return real_train(cfg, **kwargs)
 
-    monkeypatch.setattr(maxout.train, "train", train)
+    monkeypatch.setattr(benchmark, "train", train)
     report = benchmark.run([*BASE, "tracking=none"], grid_spec="fused_adamw=off,on", steps=4, out_dir=str(tmp_path),
                            device=cpu_device, progress=False)
     ok, failed = report.rows

@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from maxout import checkpointing, config, resume
+from maxout import loading
+from maxout.train import checkpointing, resume
 from maxout.errors import ConfigError, DataError, MaxoutError
-from maxout.tracking import NullTracker
+from maxout.tracking.tracker import NullTracker
 from maxout.train import Callback, train
 
 from .conftest import ROOT, runs_in
@@ -52,19 +53,19 @@ def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 
 def test_a_run_resumed_after_a_crash_matches_an_uninterrupted_one(tmp_path, mlflow_store):
     reference = NullTracker()
-    expected = train(config.load(small(tmp_path, "tracking=none")), tracker=reference, progress=False, verbose=False)
+    expected = train(loading.load(small(tmp_path, "tracking=none")), tracker=reference, progress=False, verbose=False)
     overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={tmp_path / 'spool'}")
     uri = mlflow_store["uri"]
 
     with pytest.raises(RuntimeError, match="crash at step 7"):
-        train(config.load(overrides), callbacks=[CrashAt(7)], progress=False, verbose=False)
+        train(loading.load(overrides), callbacks=[CrashAt(7)], progress=False, verbose=False)
     [crashed] = runs_in(uri)
     assert crashed.info.status == "FAILED"
-    key = resume.run_key(config.load(overrides))
+    key = resume.run_key(loading.load(overrides))
     kept = [p.name for p in checkpointing.checkpoints(tmp_path / "ckpt" / key / crashed.info.run_id)]
     assert kept == ["step-00000004.pt", "step-00000006.pt"]  # keep_last=2 of 3, 4 and 6
 
-    result = train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+    result = train(loading.load([*overrides, "resume=auto"]), progress=False, verbose=False)
 
     [run] = runs_in(uri)
     assert run.info.run_id == crashed.info.run_id == result.run_id and run.info.status == "FINISHED"
@@ -83,12 +84,12 @@ def test_a_run_resumed_after_a_crash_matches_an_uninterrupted_one(tmp_path, mlfl
 def test_resume_refuses_a_checkpoint_whose_data_changed(tmp_path):
     overrides = small(tmp_path, "tracking=none")
     with pytest.raises(RuntimeError):
-        train(config.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
+        train(loading.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
     rows = pd.read_csv(tmp_path / "train.csv")
     rows.loc[0, "post"] = "edited after the checkpoint"
     rows.to_csv(tmp_path / "train.csv", index=False)
     with pytest.raises(DataError, match="the data changed since checkpoint"):
-        train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+        train(loading.load([*overrides, "resume=auto"]), progress=False, verbose=False)
 
 
 def test_resume_refuses_a_checkpoint_of_another_micro_batch_before_reopening_the_run(tmp_path, mlflow_store,
@@ -99,12 +100,12 @@ def test_resume_refuses_a_checkpoint_of_another_micro_batch_before_reopening_the
 
     overrides = [*small(tmp_path, *mlflow_store["overrides"]), "tracking.system_metrics=false"]
     with pytest.raises(RuntimeError):
-        train(config.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
+        train(loading.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
     (before,) = runs_in(mlflow_store["uri"])
     monkeypatch.setattr(run_mod.batch_finder, "resolve", lambda *args, **kwargs: (3, {}))  # the finder's choice
     with pytest.raises(MaxoutError, match=r"was saved with micro-batch \d+ x \d+ accumulation steps, this run "
                                           r"would have 3 x \d+ \(the batch finder's choice here\)"):
-        train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+        train(loading.load([*overrides, "resume=auto"]), progress=False, verbose=False)
     (after,) = runs_in(mlflow_store["uri"])
     assert after.info.run_id == before.info.run_id and after.info.status == before.info.status == "FAILED"
     assert after.data.tags == before.data.tags  # not reopened: no resumed_from_step, the crash's reason kept
@@ -114,15 +115,15 @@ def test_uploaded_checkpoints_and_resume_of_an_unknown_or_differently_configured
     overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={tmp_path / 'spool'}",
                       "checkpoint.log_to_mlflow=true")
     with pytest.raises(RuntimeError):
-        train(config.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
+        train(loading.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
     [run_dir] = (tmp_path / "ckpt").glob("*/*")
     uploaded = mlflow.MlflowClient(mlflow_store["uri"]).list_artifacts(run_dir.name, "checkpoints")
     assert [a.path for a in uploaded] == ["checkpoints/step-00000003.pt"]
     with pytest.raises(ConfigError, match="started with another config .* repeat its exact overrides"):
-        resume.plan(config.load([*overrides, "train.lr=1e-3", f"resume={run_dir.name}"]))
+        resume.plan(loading.load([*overrides, "train.lr=1e-3", f"resume={run_dir.name}"]))
     with pytest.raises(ConfigError, match="no checkpoint of that run"):
-        resume.plan(config.load([*overrides, f"resume={'0' * 32}"]))
-    assert resume.plan(config.load([*overrides, f"resume={run_dir.name}"])).checkpoint.name == "step-00000003.pt"
+        resume.plan(loading.load([*overrides, f"resume={'0' * 32}"]))
+    assert resume.plan(loading.load([*overrides, f"resume={run_dir.name}"])).checkpoint.name == "step-00000003.pt"
 
 
 def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
@@ -146,8 +147,8 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(tmp_path, m
 def test_a_cuda_checkpoint_restores_the_grad_scaler_and_the_cuda_rng(tmp_path):
     from maxout.train import TrainState
 
-    cfg = config.load(small(tmp_path, "tracking=none", "hardware=gpu", "hardware.precision=fp16",
-                            "train.max_steps=2"))
+    cfg = loading.load(small(tmp_path, "tracking=none", "hardware=gpu", "hardware.precision=fp16",
+                             "train.max_steps=2"))
     setup = train(cfg, tracker=NullTracker(), progress=False, verbose=False).setup
     scale = setup.precision.scaler.get_scale()
     path = checkpointing.save_atomic(checkpointing.capture(setup, TrainState(setup.total_steps, step=2), (0, 4), {}),

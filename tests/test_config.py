@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from maxout import config
+from maxout import config, loading, paths
 from maxout.errors import ConfigError, HardwareError
 
 from .conftest import fake_cuda
@@ -12,32 +12,32 @@ from .conftest import fake_cuda
 GPU = fake_cuda()
 
 
-@pytest.mark.parametrize("profile", config.group_options("hardware"))
+@pytest.mark.parametrize("profile", paths.group_options("hardware"))
 def test_every_hardware_profile_composes_and_types(profile, cpu_device):
     device = cpu_device if profile in ("auto", "cpu") else GPU
-    cfg = config.load([f"hardware={profile}"], device=device)
+    cfg = loading.load([f"hardware={profile}"], device=device)
     assert cfg.hardware.name == ("cpu" if profile == "auto" else profile)
     assert cfg.hardware.precision in config.PRECISIONS
     assert isinstance(cfg.batch_size, int) and cfg.batch_size > 0
 
 
-@pytest.mark.parametrize("model", config.group_options("model"))
+@pytest.mark.parametrize("model", paths.group_options("model"))
 def test_every_model_config_composes(model, cpu_device):
-    cfg = config.load([f"model={model}", "hardware=cpu"], device=cpu_device)
+    cfg = loading.load([f"model={model}", "hardware=cpu"], device=cpu_device)
     assert cfg.model.name == model
     assert cfg.model.source in config.MODEL_SOURCES
 
 
 @pytest.mark.parametrize("group", ["data", "train", "tracking"])
 def test_every_option_of_the_other_groups_composes(group, cpu_device):
-    for option in config.group_options(group):
+    for option in paths.group_options(group):
         extra = ["data.train_path=projects/nli_demo/data/train.csv"] if (group, option) == ("data", "files") else []
-        cfg = config.load([f"{group}={option}", "hardware=cpu", *extra], device=cpu_device)
+        cfg = loading.load([f"{group}={option}", "hardware=cpu", *extra], device=cpu_device)
         assert getattr(cfg, group) is not None
 
 
 def test_auto_picks_cpu_without_gpu_and_keeps_hardware_overrides(cpu_device):
-    cfg = config.load(["hardware.precision=fp32", "hardware.compile=true"], device=cpu_device)
+    cfg = loading.load(["hardware.precision=fp32", "hardware.compile=true"], device=cpu_device)
     assert cfg.hardware.name == "cpu"
     assert "auto: no CUDA device visible" in cfg.hardware.description
     assert (cfg.hardware.precision, cfg.hardware.compile) == ("fp32", True)
@@ -47,18 +47,18 @@ def test_auto_picks_cpu_without_gpu_and_keeps_hardware_overrides(cpu_device):
                                            ("NVIDIA GeForce RTX 5090", "rtx5090"), ("NVIDIA A100-SXM4-80GB", "a100"),
                                            ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h100")])
 def test_auto_picks_the_named_profile(name, expected):
-    assert config.load([], device=fake_cuda(name=name, memory_gb=80)).hardware.name == expected
+    assert loading.load([], device=fake_cuda(name=name, memory_gb=80)).hardware.name == expected
 
 
 def test_auto_picks_low_mem_then_generic_gpu():
-    assert config.load([], device=fake_cuda(name="Tesla T4", memory_gb=15.0 - 0.4, cc=(7, 5))).hardware.name == "gpu"
-    assert config.load([], device=fake_cuda(name="NVIDIA GeForce RTX 3060", memory_gb=12.0)).hardware.name == "low_mem"
-    assert config.load([], device=fake_cuda(name="NVIDIA L40S", memory_gb=45.0)).hardware.name == "gpu"
+    assert loading.load([], device=fake_cuda(name="Tesla T4", memory_gb=15.0 - 0.4, cc=(7, 5))).hardware.name == "gpu"
+    assert loading.load([], device=fake_cuda(name="NVIDIA GeForce RTX 3060", memory_gb=12.0)).hardware.name == "low_mem"
+    assert loading.load([], device=fake_cuda(name="NVIDIA L40S", memory_gb=45.0)).hardware.name == "gpu"
 
 
 def test_gpu_profile_without_gpu_is_an_error_that_says_so(cpu_device):
     with pytest.raises(HardwareError, match=r"'rtx3090' needs a CUDA GPU but none is visible.*hardware=cpu"):
-        config.load(["hardware=rtx3090"], device=cpu_device)
+        loading.load(["hardware=rtx3090"], device=cpu_device)
 
 
 def test_gpu_profile_in_a_container_suggests_gpus_all(cpu_device):
@@ -66,7 +66,7 @@ def test_gpu_profile_in_a_container_suggests_gpus_all(cpu_device):
 
     boxed = dataclasses.replace(cpu_device, in_container=True)
     with pytest.raises(HardwareError, match="-A gpus=all"):
-        config.load(["hardware=h100"], device=boxed)
+        loading.load(["hardware=h100"], device=boxed)
 
 
 @pytest.mark.parametrize("overrides,pattern", [
@@ -84,10 +84,10 @@ def test_gpu_profile_in_a_container_suggests_gpus_all(cpu_device):
 ])
 def test_bad_overrides_give_one_line_errors(overrides, pattern, cpu_device):
     with pytest.raises(ConfigError, match=pattern) as err:
-        config.load(["hardware=cpu", *overrides] if "hardware" not in overrides[0] else overrides, device=cpu_device)
+        loading.load(["hardware=cpu", *overrides] if "hardware" not in overrides[0] else overrides, device=cpu_device)
     assert "\n" not in str(err.value) and err.value.exit_code == 2
 
 
 def test_project_configs_are_found_through_the_search_path():
-    assert "nli_demo" in config.group_options("data")
-    assert any(p.name == "conf" and p.parent.name == "nli_demo" for p in config.search_path())
+    assert "nli_demo" in paths.group_options("data")
+    assert any(p.name == "conf" and p.parent.name == "nli_demo" for p in paths.search_path())

@@ -33,9 +33,9 @@ def test_each_format_loads_and_splits_stratified(tmp_path, fmt):
 
 
 def test_demo_project_loads_with_its_own_validation_file():
-    from maxout import config
+    from maxout import loading
 
-    ds = data.load(config.to_typed(config.compose(["hardware=cpu"])).data)
+    ds = data.load(loading.to_typed(loading.compose(["hardware=cpu"])).data)
     assert len(ds.train) == 800 and len(ds.validation) == 200 and ds.num_labels == 2
 
 
@@ -122,9 +122,9 @@ def test_bucketing_raises_padding_efficiency_and_keeps_every_row():
 def test_on_the_demo_data_bucketing_pads_under_five_percent():
     from transformers.trainer_pt_utils import get_length_grouped_indices
 
-    from maxout import config, modeling
+    from maxout import loading, modeling
 
-    cfg = config.to_typed(config.compose(["hardware=cpu"]))
+    cfg = loading.to_typed(loading.compose(["hardware=cpu"]))
     lengths = data.encode(modeling.load_tokenizer(cfg.model), data.load(cfg.data).train, 256).lengths
     ours = bucketing.padding_efficiency(lengths, 16, bucketing.apply(lengths, 16, 7).indices())
     hf = bucketing.padding_efficiency(lengths, 16, list(get_length_grouped_indices(lengths, 16)))

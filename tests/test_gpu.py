@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maxout import config, hardware
+from maxout import hardware, loading
 from maxout.optimizations import tf32
-from maxout.tracking import NullTracker
+from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 
 from .conftest import TINY
@@ -18,7 +18,7 @@ GPU_TINY = [o for o in TINY if o != "hardware=cpu"] + ["hardware=auto"]
 
 def run(*overrides):
     device = hardware.detect()
-    cfg = config.load([*GPU_TINY, *overrides], device=device)
+    cfg = loading.load([*GPU_TINY, *overrides], device=device)
     tracker = NullTracker()
     return train(cfg, tracker=tracker, progress=False, device=device, verbose=False), tracker
 

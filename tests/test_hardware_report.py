@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from maxout import cli, config, hardware_report
+from maxout import cli, loading
+from maxout.insight import hardware_report
 
 from .conftest import fake_cuda
 
@@ -40,7 +41,7 @@ def test_check_hardware_json_parses(capsys, tmp_path, cpu_device):
 
 
 def test_no_search_without_a_cached_result_says_so(capsys, tmp_path):
-    cfg = config.load(["hardware=cpu", "model=tiny", f"batch_finder.cache_path={tmp_path / 'empty.json'}"])
+    cfg = loading.load(["hardware=cpu", "model=tiny", f"batch_finder.cache_path={tmp_path / 'empty.json'}"])
     from maxout import hardware
 
     rep = hardware_report.report(cfg, hardware.detect(), search=False)
@@ -51,8 +52,8 @@ def test_a_described_gpu_renders_its_capabilities_and_profile(tmp_path):
     from rich.console import Console
 
     device = fake_cuda(name="NVIDIA GeForce RTX 3090", memory_gb=24.0, cc=(8, 6))
-    cfg = config.load(["hardware=rtx3090", "model=tiny", f"batch_finder.cache_path={tmp_path / 'c.json'}"],
-                      device=device)
+    cfg = loading.load(["hardware=rtx3090", "model=tiny", f"batch_finder.cache_path={tmp_path / 'c.json'}"],
+                       device=device)
     rep = hardware_report.report(cfg, device, search=False)  # no probes: there is no GPU to run them on
     assert rep["auto_profile"]["name"] == "rtx3090" and rep["support"]["TF32 matmuls"]["ok"] is True
     assert rep["support"]["flash-attention 2"] == {"ok": False, "reason": "the flash_attn package is not installed"}

@@ -9,7 +9,7 @@ import mlflow
 import pytest
 import torch
 
-from maxout import cli, config
+from maxout import cli, loading
 from maxout.hpo import study as hpo_study
 from maxout.train import Callback
 
@@ -188,8 +188,8 @@ def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow
     assert version.run_id == best_run.info.run_id
     assert client.get_model_version_by_alias("hpo-best", "champion").version == version.version
     # A second call (another worker's summary of the same study) does not register it twice.
-    hpo_study.promote_best_trial(config.load([*BASE, *small_data, *store_overrides(mlflow_store),
-                                              "registry.name=hpo-best"]), handed_over[0])
+    hpo_study.promote_best_trial(loading.load([*BASE, *small_data, *store_overrides(mlflow_store),
+                                               "registry.name=hpo-best"]), handed_over[0])
     assert len(client.search_model_versions("name='hpo-best'")) == 1
 
 
@@ -222,8 +222,8 @@ def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
 
     def steps_until_pruned(patience):
         # reduction_factor 5 > max_resource 4: a single bracket, so both trials compete at the same rungs.
-        cfg = config.load(["hardware=cpu", "model=tiny", "hpo=default", "train.epochs=4",
-                           "hpo.pruner.reduction_factor=5", f"hpo.pruner.patience={patience}"], device=cpu_device)
+        cfg = loading.load(["hardware=cpu", "model=tiny", "hpo=default", "train.epochs=4",
+                            "hpo.pruner.reduction_factor=5", f"hpo.pruner.patience={patience}"], device=cpu_device)
         study = optuna.create_study(direction="maximize", pruner=hpo_study.build_pruner(cfg.hpo, 4))
         leader = study.ask()
         for step, value in enumerate([0.9, 0.95, 0.94, 0.93], 1):
@@ -237,7 +237,7 @@ def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
                 return step
         return None
 
-    assert isinstance(hpo_study.build_pruner(config.load(["hardware=cpu", "hpo=default"], device=cpu_device).hpo, 3),
+    assert isinstance(hpo_study.build_pruner(loading.load(["hardware=cpu", "hpo=default"], device=cpu_device).hpo, 3),
                       optuna.pruners.PatientPruner)
     assert steps_until_pruned("null") == 1
     assert steps_until_pruned(1) == 4
@@ -254,6 +254,9 @@ def _existing_minimize_study(store):
 
 
 BAD = {
+    "every_bad_setting_at_once": (["hpo.n_trials=0", "hpo.sampler.name=grid", "hpo.pruner.reduction_factor=1"], 2,
+                                  "3 problems: hpo.n_trials=0 must be >= 1; hpo.sampler.name='grid' (valid: tpe, "
+                                  "random); hpo.pruner.reduction_factor=1 must be >= 2"),
     "unknown_hyperparameter": (["+hpo.search_space.train.learning_rate={type:float,low:0.1,high:1.0}"], 2,
                                "unknown hyper-parameter 'train.learning_rate' in hpo.search_space"),
     "inverted_range": (["hpo.search_space.train.lr.low=1e-3", "hpo.search_space.train.lr.high=1e-5"], 2,
@@ -369,7 +372,7 @@ def test_sampled_values_become_overrides_that_compose_the_trial_config(cpu_devic
             "+hpo.search_space.hardware.precision={type:categorical,choices:[bf16,fp32]}",
             "+hpo.search_space.hardware.compile={type:categorical,choices:[true,false]}",
             "+hpo.search_space.train.max_steps={type:int,low:4,high:32,log:true}"]
-    cfg = config.load(base, device=cpu_device)
+    cfg = loading.load(base, device=cpu_device)
     specs = search_space.load(cfg.hpo.search_space, cfg)
     assert {s.key for s in specs} == {"train.lr", "train.weight_decay", "train.warmup_ratio", "train.max_steps",
                                       "train.target_effective_batch", "hardware.precision", "hardware.compile"}
@@ -377,7 +380,7 @@ def test_sampled_values_become_overrides_that_compose_the_trial_config(cpu_devic
     values = {"train.lr": 1.5e-05, "train.weight_decay": 0.0, "train.warmup_ratio": 0.1,
               "train.target_effective_batch": 32, "hardware.precision": "fp32", "hardware.compile": True,
               "train.max_steps": 7}
-    trial = config.load(base + search_space.overrides(values), device=cpu_device)
+    trial = loading.load(base + search_space.overrides(values), device=cpu_device)
     assert (trial.train.lr, trial.train.target_effective_batch, trial.hardware.precision, trial.hardware.compile,
             trial.train.max_steps) == (1.5e-05, 32, "fp32", True, 7)
     assert trial.hardware.name == "cpu"  # the sampled hardware.* keys apply on top of the profile

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from maxout import config, data, modeling
+from maxout import data, loading, modeling
 from maxout.errors import MaxoutError
-from maxout.tracking import NullTracker
+from maxout.tracking.tracker import NullTracker
 from maxout.train import Callback, train
 from maxout.train import run as run_mod
 from maxout.train.loop import fit
@@ -52,12 +52,12 @@ class RowsPerStep(Callback):
 
 @pytest.fixture(scope="module")
 def demo():
-    cfg = config.load(OVERRIDES)
+    cfg = loading.load(OVERRIDES)
     return data.load(cfg.data), modeling.load_tokenizer(cfg.model)
 
 
 def run(demo, cpu_device, from_step: int, max_rows: int, extra=()):
-    setup = build(config.load([*OVERRIDES, *extra]), cpu_device, *demo)
+    setup = build(loading.load([*OVERRIDES, *extra]), cpu_device, *demo)
     tight = TightMemory(setup, from_step, max_rows)
     setup.forward = tight
     tracker = NullTracker()
@@ -102,7 +102,7 @@ def test_the_recovery_is_logged_to_the_mlflow_run(mlflow_store, monkeypatch, cpu
         return setup
 
     monkeypatch.setattr(run_mod, "build", build_with_tight_memory)
-    cfg = config.load([*OVERRIDES, *mlflow_store["overrides"], "tracking.log_model=false"])
+    cfg = loading.load([*OVERRIDES, *mlflow_store["overrides"], "tracking.log_model=false"])
     result = train(cfg, progress=False, device=cpu_device, verbose=False)
     assert result.metrics["train/samples"] == 6 * 32
     (run,) = runs_in(mlflow_store["uri"])

@@ -14,9 +14,9 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from maxout import config
+from maxout import loading
 from maxout.optimizations import NAMES, grad_clipping, tf32
-from maxout.tracking import NullTracker
+from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 
 from .conftest import TINY, fake_cuda
@@ -138,7 +138,7 @@ def test_the_table_covers_every_optimization():
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_optimization_support_apply_and_params(name, cpu_device):
     case = SETTINGS[name]
-    cfg = config.load([*TINY, *case.overrides], device=cpu_device)
+    cfg = loading.load([*TINY, *case.overrides], device=cpu_device)
     tracker = NullTracker()
     result = train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False)
     for key, expected in case.params.items():

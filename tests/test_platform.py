@@ -411,15 +411,15 @@ class StopS3(Callback):
 
 @pytest.mark.slow
 def test_an_upload_failure_after_the_run_started_ends_it_failed_with_one_line(stack, db, monkeypatch):
-    from maxout import config
+    from maxout import loading
     from maxout.train import train
 
     use_client(monkeypatch, stack, "trainer", direct=True)
     with s3_process() as (endpoint, proc):
         create_bucket(endpoint, "shortlived")
         monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", endpoint)
-        cfg = config.load([*TRAIN, "tracking.experiment_name=platform-upload-fails",
-                           "tracking.artifact_location=s3://shortlived/runs"])
+        cfg = loading.load([*TRAIN, "tracking.experiment_name=platform-upload-fails",
+                            "tracking.artifact_location=s3://shortlived/runs"])
         with pytest.raises(MaxoutError) as failure:
             train(cfg, callbacks=[StopS3(proc)], progress=False, verbose=False)
     message = str(failure.value)

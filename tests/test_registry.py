@@ -9,7 +9,10 @@ import time
 
 import pytest
 
-from maxout import cli, registry
+from maxout import cli, config
+from maxout.registry import client as registry_client
+from maxout.registry import lock as registry_lock
+from maxout.registry import promotion as registry_promotion
 from maxout.config import Config, RegistryConfig, TrackingConfig
 from maxout.errors import MaxoutError
 
@@ -20,7 +23,7 @@ from .conftest import runs_in
 def store(tmp_path_factory):
     """One store for the module (creating a SQLite store costs seconds); each test uses its own model name."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('registry') / 'mlflow.db'}"
-    client = registry.connect(uri)
+    client = registry_client.connect(uri)
     return {"uri": uri, "client": client, "experiment": client.create_experiment("registry-tests")}
 
 
@@ -39,9 +42,10 @@ def cfg_for(store, name: str, metric: str = "eval/macro_f1", direction: str = "m
                   tracking=TrackingConfig(uri=store["uri"]))
 
 
-def offer(store, cfg: Config, value: float) -> registry.Outcome:
+def offer(store, cfg: Config, value: float) -> registry_promotion.Outcome:
     run_id, model_uri = candidate(store, value, cfg.registry.metric)
-    return registry.register_and_promote(run_id, model_uri, value, cfg, "fp-test", "cpu", client=store["client"])
+    return registry_promotion.register_and_promote(run_id, model_uri, value, cfg, "fp-test", "cpu",
+                                                   client=store["client"])
 
 
 def state(store, name: str) -> dict:
@@ -49,10 +53,11 @@ def state(store, name: str) -> dict:
     client = store["client"]
     model = client.get_registered_model(name)
     tickets = []
-    if name + registry.LOCK_SUFFIX in {m.name for m in client.search_registered_models()}:
-        tickets = [v.version for v in client.search_model_versions(f"name='{name}{registry.LOCK_SUFFIX}'")]
+    if name + config.LOCK_SUFFIX in {m.name for m in client.search_registered_models()}:
+        tickets = [v.version for v in client.search_model_versions(f"name='{name}{config.LOCK_SUFFIX}'")]
     return {"versions": {int(v.version): dict(v.tags) for v in client.search_model_versions(f"name='{name}'")},
-            "aliases": {a: int(v) for a, v in model.aliases.items()}, "history": model.tags.get(registry.HISTORY_TAG), "tickets": sorted(int(t) for t in tickets)}
+            "aliases": {a: int(v) for a, v in model.aliases.items()},
+            "history": model.tags.get(registry_client.HISTORY_TAG), "tickets": sorted(int(t) for t in tickets)}
 
 
 def test_champion_moves_only_to_a_strictly_better_version_and_every_version_is_challenger(store):
@@ -95,14 +100,14 @@ def test_promote_by_hand_and_rollback_walk_the_champion_history(store):
     for value in (0.5, 0.6, 0.4):
         offer(store, cfg, value)  # champion v1 -> v2; v3 is worse
     client = store["client"]
-    assert registry.promote(client, "history-model", 3).champion_version == 3
+    assert registry_promotion.promote(client, "history-model", 3).champion_version == 3
     assert json.loads(state(store, "history-model")["history"]) == [1, 2, 3]
-    back = registry.rollback(client, "history-model")
+    back = registry_promotion.rollback(client, "history-model")
     assert (back.champion_version, back.reason) == (2, "champion: rolled back from v3")
-    assert registry.rollback(client, "history-model").champion_version == 1
+    assert registry_promotion.rollback(client, "history-model").champion_version == 1
     before = state(store, "history-model")
     with pytest.raises(MaxoutError, match="has no previous champion to roll back to"):
-        registry.rollback(client, "history-model")
+        registry_promotion.rollback(client, "history-model")
     assert state(store, "history-model") == before  # a refused rollback changes nothing
     assert before["aliases"] == {"champion": 1, "challenger": 3} and before["tickets"] == []
 
@@ -111,8 +116,8 @@ def test_a_registration_that_cannot_succeed_creates_nothing(store):
     client = store["client"]
     cfg = cfg_for(store, "never-created")
     with pytest.raises(MaxoutError, match="no such logged model"):
-        registry.register_and_promote("0" * 32, "models:/m-00000000000000000000000000000000", 0.9, cfg, "fp", "cpu",
-                                      client=client)
+        registry_promotion.register_and_promote("0" * 32, "models:/m-00000000000000000000000000000000", 0.9, cfg,
+                                                "fp", "cpu", client=client)
     assert "never-created" not in {m.name for m in client.search_registered_models()}
 
 
@@ -121,7 +126,7 @@ def test_a_promotion_that_times_out_on_the_lock_leaves_no_version_and_no_ticket(
     cfg = cfg_for(store, "busy-model", lock_timeout_s=1.0)
     offer(store, cfg, 0.5)
     before = state(store, "busy-model")
-    holder = registry.PromotionLock(client, "busy-model", ttl_s=600)  # a live holder (keeps its lease)
+    holder = registry_lock.PromotionLock(client, "busy-model", ttl_s=600)  # a live holder (keeps its lease)
     holder.acquire()
     try:
         with pytest.raises(MaxoutError, match=r"timed out after 1s waiting for the promotion lock of 'busy-model', "
@@ -140,7 +145,7 @@ def test_a_dead_holders_stale_ticket_is_broken(store, capsys):
     client = store["client"]
     cfg = cfg_for(store, "orphan-model", lock_ttl_s=1.0, lock_timeout_s=30.0)
     offer(store, cfg, 0.5)
-    dead = registry.PromotionLock(client, "orphan-model")
+    dead = registry_lock.PromotionLock(client, "orphan-model")
     dead.acquire()  # ...and never released, as if its process had been killed
     time.sleep(1.5)  # older than lock_ttl_s on the store's clock
     outcome = offer(store, cfg, 0.9)
@@ -197,14 +202,15 @@ def test_a_holder_that_lost_its_lock_writes_no_champion_and_restores_the_challen
     cfg = cfg_for(store, "stalled-model")
     offer(store, cfg, 0.5)
     run_id, model_uri = candidate(store, 0.9)
-    version = registry.register(client, "stalled-model", model_uri, run_id=run_id,
-                                tags=registry.version_tags(run_id, "eval/macro_f1", 0.9, "maximize", "fp", "cpu"))
+    version = registry_promotion.register(client, "stalled-model", model_uri, run_id=run_id,
+                                          tags=registry_promotion.version_tags(run_id, "eval/macro_f1", 0.9,
+                                                                               "maximize", "fp", "cpu"))
     before = state(store, "stalled-model")
-    lock = registry.PromotionLock(client, "stalled-model")
+    lock = registry_lock.PromotionLock(client, "stalled-model")
     lock.acquire()
     client.delete_model_version("stalled-model.lock", str(lock.ticket))  # what a waiter does to a stale ticket
     with pytest.raises(MaxoutError, match="promotion lock of 'stalled-model' was broken while held"):
-        registry.promote_if_better(client, "stalled-model", version, 0.9, "eval/macro_f1", "maximize", lock)
+        registry_promotion.promote_if_better(client, "stalled-model", version, 0.9, "eval/macro_f1", "maximize", lock)
     lock.release()
     after = state(store, "stalled-model")
     assert after["aliases"] == before["aliases"] == {"champion": 1, "challenger": 1}  # challenger was put back

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 import requests
 
-from maxout import cli, registry
+from maxout import cli, config
+from maxout.registry import client as registry_client
 
 from .conftest import MLFLOW_VARS, ROOT, TINY
 from .services import free_port, mlflow_server, stop, wait_http
@@ -51,15 +52,15 @@ def server(env, tmp_path_factory):
 def snapshot(client, name: str) -> dict:
     model = client.get_registered_model(name)
     versions = {v.version: dict(v.tags) for v in client.search_model_versions(f"name='{name}'")}
-    tickets = [v.version for v in client.search_model_versions(f"name='{name}{registry.LOCK_SUFFIX}'")]
+    tickets = [v.version for v in client.search_model_versions(f"name='{name}{config.LOCK_SUFFIX}'")]
     return {"versions": versions, "aliases": {a: int(v) for a, v in model.aliases.items()},
-            "history": json.loads(model.tags.get(registry.HISTORY_TAG, "[]")), "tickets": tickets}
+            "history": json.loads(model.tags.get(registry_client.HISTORY_TAG, "[]")), "tickets": tickets}
 
 
 @pytest.fixture(scope="module")
 def trained(server):
     """Two tiny trainings with different results, each registered by `maxout train registry.name=...`."""
-    client = registry.connect(server)
+    client = registry_client.connect(server)
     common = [*TINY, "tracking=server", f"tracking.uri={server}", "tracking.system_metrics=false",
               f"registry.name={NAME}", "registry.metric=eval/loss", "registry.direction=minimize"]
     runs = [["train.lr=1e-6", "train.max_steps=2", "train.seed=1"],  # barely moves from the random init
@@ -192,7 +193,7 @@ def test_served_champion_answers_a_wrong_payload_with_400_and_a_message(served):
 
 def test_eight_concurrent_promoters_leave_exactly_one_champion_the_best(server):
     """Separate processes through one tracking server; each offers a different value at the same moment."""
-    client = registry.connect(server)
+    client = registry_client.connect(server)
     store = {"client": client, "experiment": client.create_experiment("race")}
     values = [0.61, 0.74, 0.55, 0.83, 0.70, 0.79, 0.66, 0.58]
     candidates = [[*candidate(store, v), v] for v in values]

@@ -15,8 +15,10 @@ import mlflow
 import pytest
 import torch
 
-from maxout import checkpointing, cli, config, spool
-from maxout.tracking import NullTracker
+from maxout import cli, loading
+from maxout.train import checkpointing
+from maxout.tracking import spool
+from maxout.tracking.tracker import NullTracker
 from maxout.train import Callback, train
 
 from . import services
@@ -64,8 +66,8 @@ def test_sigkill_then_resume_auto_continues_the_same_run_to_the_same_weights(tmp
                       f"tracking.spool_dir={tmp_path / 'spool'}", "tracking.log_model=true")
     steps, uri = 24, mlflow_store["uri"]
     reference = NullTracker()
-    expected = train(config.load(small(tmp_path, "train.epochs=6", "tracking=none")), tracker=reference, progress=False,
-                     verbose=False).setup.model.state_dict()
+    expected = train(loading.load(small(tmp_path, "train.epochs=6", "tracking=none")), tracker=reference,
+                     progress=False, verbose=False).setup.model.state_dict()
 
     proc = start_train(overrides)
     wait_for_checkpoint(tmp_path / "ckpt", proc, min_step=6)
@@ -106,7 +108,7 @@ def test_sigterm_with_loader_workers_marks_the_run_killed_and_its_checkpoint_res
     assert checkpointing.load(last)["state"]["step"] >= 4
     assert not list((tmp_path / "spool").glob("*.jsonl"))  # everything reached the store before it ended
 
-    result = train(config.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+    result = train(loading.load([*overrides, "resume=auto"]), progress=False, verbose=False)
     [run] = runs_in(uri)
     assert result.run_id == run.info.run_id and run.info.status == "FINISHED"
     assert_each_step_once(uri, run.info.run_id, 24)
@@ -147,7 +149,7 @@ def outage_run(tmp_path, server: Server, up_at: int | None):
     overrides = small(tmp_path, "train.epochs=3", "checkpoint.every_n_steps=2", "tracking=server",
                       f"tracking.uri={url}", f"tracking.spool_dir={tmp_path / 'spool'}",
                       "tracking.system_metrics=false", "tracking.log_model=false")
-    return train(config.load(overrides), callbacks=[Outage(server, down_at=3, up_at=up_at)], progress=False,
+    return train(loading.load(overrides), callbacks=[Outage(server, down_at=3, up_at=up_at)], progress=False,
                  verbose=False)
 
 

@@ -10,7 +10,8 @@ import mlflow
 import pytest
 from mlflow.entities import Metric, Param, RunTag
 
-from maxout import cli, spool
+from maxout import cli
+from maxout.tracking import spool
 
 from .services import free_port
 

@@ -75,10 +75,10 @@ class Boom(Callback):
 
 
 def test_a_failure_after_the_run_started_marks_it_failed_with_the_reason(mlflow_store):
-    from maxout import config
+    from maxout import loading
     from maxout.train import train
 
-    cfg = config.load([*TINY, *mlflow_store["overrides"]])
+    cfg = loading.load([*TINY, *mlflow_store["overrides"]])
     with pytest.raises(RuntimeError, match="injected"):
         train(cfg, callbacks=[Boom()], progress=False, verbose=False)
     run = only_run(mlflow_store["uri"])

@@ -2,18 +2,27 @@
 
 Errors a user can fix print as ONE line (``maxout: error: ...``) with exit code 2 for usage/config errors and 1
 for runtime ones; anything else is a bug and keeps its traceback.
+
+Each command imports the rooms it runs inside its function, not at the top: ``maxout --help`` and a mistyped
+command must answer at once, without loading torch, transformers, mlflow or hydra (seconds). The top imports only
+what building the parser needs.
+
+Top floor. May import: anything. Nothing imports it (``__main__`` runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
 import sys
-from typing import Callable, NoReturn, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
-from .errors import ConfigError, MaxoutError, USAGE
+from .errors import USAGE, ConfigError, MaxoutError, Terminated, combined
+from .insight.grid import AXES
 
 
 DESCRIPTION = ("Fine-tune transformer encoders with every GPU speed-up as a config flag, measured and tracked in "
@@ -33,28 +42,43 @@ _MAIN_PID = os.getpid()
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
-    from .tracking import Terminated
-
     if os.getpid() != _MAIN_PID:  # a forked DataLoader worker inherits this handler: the main process shuts it down
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not interrupt closing the run
     raise Terminated()
 
 
+def load_config(args: argparse.Namespace, device: Any = None) -> Any:
+    """The command's config, with every problem listed at once: each bad override and value, and, when there are
+    any, also whatever is wrong with the data, model and environment (so one attempt shows the user everything)."""
+    from . import loading  # lazy: hydra, and torch through hardware detection (start-up)
+
+    problems: list[MaxoutError] = []
+    cfg = loading.load(split_overrides(args.overrides, args.overrides_string), device, problems)
+    if problems:
+        if cfg is not None:
+            from .train import prepare  # lazy: the training stack (start-up), only when there is more to report
+
+            prepare.add_problems(cfg, problems)
+        raise combined(problems)
+    return cfg
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from . import config, registry, validation
-    from .train import train
-
-    cfg = validation.load_config(split_overrides(args.overrides, args.overrides_string))
+    cfg = load_config(args)
     if args.cfg:
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # lazy: loaded already by load_config; named here, not at the top (start-up)
 
-        print(OmegaConf.to_yaml(config.to_dict(cfg)))
+        from .config import to_dict  # lazy: see above
+
+        print(OmegaConf.to_yaml(to_dict(cfg)))
         return 0
-    if cfg.registry.name:  # registration is opt-in; its prerequisites are checked before training
-        from .train.evaluate import METRICS
+    from .train import train  # lazy: torch, transformers (start-up)
 
-        registry.check_train(cfg, METRICS)
+    if cfg.registry.name:  # registration is opt-in; its prerequisites are checked before training
+        from .registry import promotion  # lazy: mlflow, which tracking=none runs never import (start-up)
+
+        promotion.check_train(cfg)
     result = train(cfg, progress=not args.no_progress)
     summary = {k: result.metrics.get(k) for k in ("eval/accuracy", "eval/macro_f1", "perf/samples_per_s",
                                                    "perf/steady_samples_per_s", "time/wall_s")}
@@ -63,19 +87,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"maxout: MLflow run {result.run_id}; browse it with `make ui` "
               f"(tracking URI: {_tracking_uri_for_display(cfg)})")
     if cfg.registry.name:
-        print(f"maxout: {registry.register_train_result(cfg, result).summary()}")
+        print(f"maxout: {promotion.register_train_result(cfg, result).summary()}")
     return 0
 
 
 def _tracking_uri(args: argparse.Namespace) -> str:
-    from .config import TrackingConfig
-    from .tracking import resolve_uri
+    from .config import TrackingConfig  # lazy: omegaconf (start-up)
+    from .tracking.store import resolve_uri  # lazy: requests (start-up)
 
     return args.tracking_uri or resolve_uri(TrackingConfig())[0]
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .predict import predict_file
+    from .registry.predict import predict_file  # lazy: mlflow, torch (start-up)
 
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size={args.batch_size} must be >= 1")
@@ -87,7 +111,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_registry(args: argparse.Namespace) -> int:
-    from . import registry
+    from .registry import client as registry, promotion  # lazy: mlflow (start-up)
 
     client = registry.connect(_tracking_uri(args))
     if args.action == "list":
@@ -99,15 +123,15 @@ def cmd_registry(args: argparse.Namespace) -> int:
                 print("  ".join(row[k].ljust(w) for k, w in widths.items()).rstrip())
         return 0
     if args.action == "promote":
-        outcome = registry.promote(client, args.name, args.version)
+        outcome = promotion.promote(client, args.name, args.version)
     else:
-        outcome = registry.rollback(client, args.name)
+        outcome = promotion.rollback(client, args.name)
     print(f"maxout: {args.name}@{registry.CHAMPION} -> v{outcome.champion_version} ({outcome.reason})")
     return 0
 
 
 def cmd_hpo(args: argparse.Namespace) -> int:
-    from .hpo.study import run
+    from .hpo.study import run  # lazy: optuna, torch, mlflow (start-up)
 
     overrides = split_overrides(args.overrides, args.overrides_string)
     if not any(o.lstrip("+").startswith("hpo=") for o in overrides):
@@ -127,24 +151,22 @@ def cmd_hpo(args: argparse.Namespace) -> int:
 
 def _config_on_this_device(args: argparse.Namespace) -> tuple:
     """(config, device) for commands that look at this machine: every bad override listed at once, as in train."""
-    from . import hardware, validation
+    from . import hardware  # lazy: torch (start-up)
 
     device = hardware.detect()
-    return validation.load_config(split_overrides(args.overrides, args.overrides_string), device), device
+    return load_config(args, device), device
 
 
 def cmd_check_hardware(args: argparse.Namespace) -> int:
-    import json
+    from rich.console import Console  # lazy: only the tables need it (start-up)
 
-    from . import hardware_report
+    from .insight import hardware_report  # lazy: torch, the batch finder (start-up)
 
     cfg, device = _config_on_this_device(args)
     rep = hardware_report.report(cfg, device, search=not args.no_search)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0
-    from rich.console import Console
-
     console = Console()
     for table in hardware_report.render(rep):
         console.print(table)
@@ -152,9 +174,8 @@ def cmd_check_hardware(args: argparse.Namespace) -> int:
 
 
 def cmd_find_batch_size(args: argparse.Namespace) -> int:
-    import json
-
-    from . import batch_finder, data, modeling
+    from . import data, modeling  # lazy: pandas, transformers (start-up)
+    from .train import batch_finder  # lazy: torch (start-up)
 
     cfg, device = _config_on_this_device(args)
     result = batch_finder.find(cfg, device, data.load(cfg.data), modeling.load_tokenizer(cfg.model))
@@ -163,7 +184,7 @@ def cmd_find_batch_size(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    from . import benchmark
+    from .insight import benchmark  # lazy: torch, mlflow (start-up)
 
     report = benchmark.run(split_overrides(args.overrides, args.overrides_string), grid_spec=args.grid,
                            steps=args.steps, repeats=args.repeats, out_dir=args.out, progress=not args.no_progress)
@@ -174,9 +195,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from . import spool
+    from .tracking import spool  # lazy: mlflow (start-up)
 
     paths = [Path(p) for p in args.spool] or sorted(spool.default_dir().glob("*.jsonl"))
     missing = [str(p) for p in paths if not p.is_file()]
@@ -190,8 +209,9 @@ def cmd_tracking_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tracking_uri_for_display(cfg: object) -> str:
-    from .tracking import redact, resolve_uri
+def _tracking_uri_for_display(cfg: Any) -> str:
+    from .tracking.redact import redact  # lazy: a run has loaded these already (start-up of the rest)
+    from .tracking.store import resolve_uri
 
     return redact(resolve_uri(cfg.tracking)[0])
 
@@ -262,8 +282,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON (the params a run logs)")
     p.set_defaults(func=cmd_find_batch_size)
 
-    from .benchmark import AXES  # stdlib-only module: cheap to import while building the parser
-
     p = sub.add_parser("benchmark", help="ablation over a grid of optimizations, one MLflow child run per cell")
     _add_overrides(p)
     p.add_argument("--grid", default=None, metavar="SPEC",
@@ -299,14 +317,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("maxout: interrupted", file=sys.stderr)
         return 130
-    except BaseException as err:
-        from .tracking import Terminated
-
-        if isinstance(err, Terminated):
-            _end_orphan_run()
-            print("maxout: terminated (SIGTERM)", file=sys.stderr)
-            return 143
-        raise
+    except Terminated:
+        _end_orphan_run()
+        print("maxout: terminated (SIGTERM)", file=sys.stderr)
+        return 143
 
 
 def _end_orphan_run() -> None:

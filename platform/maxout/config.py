@@ -1,35 +1,44 @@
-"""Typed configuration: one dataclass per Hydra group, validated on load.
+"""Typed configuration: one dataclass per Hydra group, and the checks of their values.
 
-Hydra composes YAML from ``maxout/conf`` (plus each ``projects/<task>/conf``), OmegaConf merges the result onto
-these dataclasses (unknown keys and wrong types fail there), and each ``validate()`` checks the values (not
-``__post_init__``: OmegaConf instantiates the defaults, which need not form a valid config on their own). Derived
-numbers (accumulation steps, worker count) are functions of these objects, never duplicated in YAML.
+loading.py composes the YAML (``maxout/conf`` plus each ``projects/<task>/conf``) with Hydra and merges it onto
+these dataclasses (unknown keys and wrong types fail there); each ``validate()`` here checks the values (not
+``__post_init__``: OmegaConf instantiates the defaults, which need not form a valid config on their own), and
+``Config.problems()`` lists every invalid value of every section at once. Derived numbers (accumulation steps,
+worker count) are functions of these objects, never duplicated in YAML.
+
+The value rules that other rooms apply too live here once: the registered-model name rule (the registry checks a
+name it is given by hand with it) and the evaluation metrics a setting may name.
+
+Ground floor. May import: errors, optimizations.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import typing
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from .errors import ConfigError, HardwareError, combined, one_of
-from .hpo.settings import HpoConfig
+from omegaconf import OmegaConf
 
-CONF_DIR = Path(__file__).parent / "conf"
-PRECISIONS = ("bf16", "fp16", "fp32")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-ATTENTION = ("sdpa", "eager", "flash_attention_2")
+from .errors import ConfigError, combined, one_of
+from .optimizations import ADAPTERS, ATTENTION, COMPILE_MODES, PRECISIONS
+
 SCHEDULES = ("linear", "cosine", "constant")
-ADAPTERS = ("none", "lora", "dora")
 PADDING = ("dynamic", "max_length")
 FORMATS = ("auto", "csv", "jsonl", "parquet")
 MODEL_SOURCES = ("package", "pretrained", "config")
 TRACKING_BACKENDS = ("mlflow", "none")
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+# What evaluation reports (train/evaluate.py returns these, in this order): the metrics a setting may name.
+EVAL_METRICS = ("eval/loss", "eval/accuracy", "eval/macro_f1")
+DIRECTIONS = ("maximize", "minimize")
+# Registered-model names end up in models:/NAME@alias URIs; NAME + LOCK_SUFFIX is the name's promotion lock.
+REGISTRY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+LOCK_SUFFIX = ".lock"
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("hyperband", "none")
+LOG_MODELS = ("best", "all", "none")
 
 # Set while Config.problems() runs: _check records each problem there instead of raising on the first one.
 _problems: ContextVar[Optional[list]] = ContextVar("maxout_config_problems", default=None)
@@ -212,14 +221,20 @@ class RegistryConfig:
     lock_ttl_s: float = 120.0  # a lock ticket not refreshed for this long belongs to a dead process: broken
 
     def validate(self) -> None:
-        _check(self.direction in ("maximize", "minimize"),
-               f"registry.direction={one_of(self.direction, ('maximize', 'minimize'))}")
+        _check(self.direction in DIRECTIONS, f"registry.direction={one_of(self.direction, DIRECTIONS)}")
         _check(self.lock_timeout_s > 0, f"registry.lock_timeout_s={self.lock_timeout_s} must be > 0")
         _check(self.lock_ttl_s > 0, f"registry.lock_ttl_s={self.lock_ttl_s} must be > 0")
         if self.name is not None:
-            from .registry import check_name
+            check_registry_name(self.name)
 
-            check_name(self.name)
+
+def check_registry_name(name: Optional[str]) -> None:
+    """Registry names end up in ``models:/NAME@alias`` URIs: keep them to letters, digits, ``_ . -``."""
+    _check(bool(REGISTRY_NAME.match(name or "")),
+           f"registry.name={name!r} is invalid: use 1-200 letters, digits, '_', '.' or '-', starting with a letter "
+           f"or digit")
+    _check(not (name or "").endswith(LOCK_SUFFIX),
+           f"registry.name={name!r} is invalid: names ending in {LOCK_SUFFIX!r} are maxout's promotion locks")
 
 
 @dataclass
@@ -256,6 +271,84 @@ class BatchFinderConfig:
 
 
 @dataclass
+class SamplerConfig:
+    name: str = "tpe"  # tpe (Optuna 5: multivariate, constant liar for parallel workers) | random
+    seed: Optional[int] = None  # None: a different sequence per worker (what parallel workers want)
+    n_startup_trials: int = 10  # TPE samples at random until this many trials finished
+
+    def validate(self) -> None:
+        _check(self.name in SAMPLERS, f"hpo.sampler.name={one_of(self.name, SAMPLERS)}")
+        _check(self.n_startup_trials >= 0, f"hpo.sampler.n_startup_trials={self.n_startup_trials} must be >= 0")
+
+
+@dataclass
+class PrunerConfig:
+    """HyperbandPruner wrapped in PatientPruner. The resource is epochs (k_folds=1) or folds (k_folds>1)."""
+
+    name: str = "hyperband"  # hyperband | none (never prune: the baseline that pruning saves compute against)
+    min_resource: int = 1
+    max_resource: Optional[int] = None  # None: train.epochs, or k_folds in k-fold mode
+    reduction_factor: int = 3
+    bootstrap_count: int = 0  # trials that must finish a rung before any is promoted past it
+    patience: Optional[int] = 0  # PatientPruner: steps without improvement before Hyperband is asked; None: off
+    min_delta: float = 0.0  # PatientPruner: an improvement smaller than this does not count
+
+    def validate(self) -> None:
+        _check(self.name in PRUNERS, f"hpo.pruner.name={one_of(self.name, PRUNERS)}")
+        _check(self.min_resource >= 1, f"hpo.pruner.min_resource={self.min_resource} must be >= 1")
+        _check(self.max_resource is None or self.max_resource >= self.min_resource,
+               f"hpo.pruner.max_resource={self.max_resource} must be >= hpo.pruner.min_resource={self.min_resource}")
+        _check(self.reduction_factor >= 2, f"hpo.pruner.reduction_factor={self.reduction_factor} must be >= 2")
+        _check(self.bootstrap_count >= 0, f"hpo.pruner.bootstrap_count={self.bootstrap_count} must be >= 0")
+        _check(self.patience is None or self.patience >= 0,
+               f"hpo.pruner.patience={self.patience} must be >= 0 (or null: no PatientPruner)")
+        _check(self.min_delta >= 0, f"hpo.pruner.min_delta={self.min_delta} must be >= 0")
+
+
+@dataclass
+class HpoConfig:
+    """The ``hpo`` section (the ``hpo/`` Hydra group; null unless ``maxout hpo`` selects one). The search space is
+    checked against the real config by hpo/search_space.py, the storage and study by hpo/storage.py and
+    hpo/study.py, all before the parent run starts."""
+
+    study_name: str = "maxout"  # workers started with the same name (and storage) join one study
+    storage: Optional[str] = None  # None: a journal file beside the local MLflow store; or an RDB URL (PostgreSQL)
+    n_trials: Optional[int] = 20  # finished (complete + pruned) trials the STUDY stops at, over all workers
+    timeout_s: Optional[float] = None  # this worker stops starting trials after this long
+    metric: str = "eval/macro_f1"
+    direction: str = "maximize"
+    k_folds: int = 1  # 1: the configured train/validation split; > 1: stratified k-fold over the training table
+    fold_seed: int = 13
+    log_models: str = "best"  # best: only a trial that beats the study's best so far logs its model | all | none
+    heartbeat_interval_s: int = 60  # RDB storages: a worker's running trial sends a heartbeat this often
+    grace_period_s: int = 120  # ... and a trial whose heartbeat is older than this is failed and retried
+    max_retry: Optional[int] = 3  # retries of a trial whose worker died (None: unbounded)
+    compile_cache_dir: Optional[str] = None  # TorchInductor's on-disk cache; None: beside the local MLflow store
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    pruner: PrunerConfig = field(default_factory=PrunerConfig)
+    search_space: dict = field(default_factory=dict)  # config key -> {type: float|int|categorical, ...}
+
+    def validate(self) -> None:
+        _check(bool(self.study_name.strip()), "hpo.study_name is empty: name the study")
+        _check(self.n_trials is not None or self.timeout_s is not None,
+               "hpo.n_trials and hpo.timeout_s are both null: set at least one, e.g. hpo.n_trials=20")
+        _check(self.n_trials is None or self.n_trials >= 1, f"hpo.n_trials={self.n_trials} must be >= 1")
+        _check(self.timeout_s is None or self.timeout_s > 0, f"hpo.timeout_s={self.timeout_s} must be > 0")
+        _check(self.metric in EVAL_METRICS, f"hpo.metric={one_of(self.metric, EVAL_METRICS)}")
+        _check(self.direction in DIRECTIONS, f"hpo.direction={one_of(self.direction, DIRECTIONS)}")
+        _check(self.k_folds >= 1, f"hpo.k_folds={self.k_folds} must be >= 1 (1: the plain train/validation split)")
+        _check(self.log_models in LOG_MODELS, f"hpo.log_models={one_of(self.log_models, LOG_MODELS)}")
+        _check(self.heartbeat_interval_s >= 1, f"hpo.heartbeat_interval_s={self.heartbeat_interval_s} must be >= 1")
+        _check(self.grace_period_s > self.heartbeat_interval_s,
+               f"hpo.grace_period_s={self.grace_period_s} must be > hpo.heartbeat_interval_s="
+               f"{self.heartbeat_interval_s} (else live trials look dead)")
+        _check(self.max_retry is None or self.max_retry >= 0, f"hpo.max_retry={self.max_retry} must be >= 0")
+        _check(bool(self.search_space), "hpo.search_space is empty: name at least one hyper-parameter")
+        self.sampler.validate()  # _check collects: every bad value of both sub-sections is listed too
+        self.pruner.validate()
+
+
+@dataclass
 class Config:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -276,11 +369,8 @@ class Config:
         try:
             for f in fields(self):
                 section = getattr(self, f.name)
-                if hasattr(section, "validate"):
-                    try:
-                        section.validate()
-                    except ConfigError as err:  # a section that raises instead of calling _check
-                        found.append(err)
+                if hasattr(section, "validate"):  # every section's checks go through _check: all are listed
+                    section.validate()
             _check(self.resume in (None, "auto") or bool(RUN_ID.match(str(self.resume))),
                    f"resume={self.resume!r} is invalid: use resume=auto or an MLflow run id (32 hex characters)")
         finally:
@@ -299,163 +389,6 @@ class Config:
         return self.train.batch_size if self.train.batch_size is not None else self.hardware.batch_size
 
 
-# ----------------------------------------------------------------------------------------------- loading
-
-
-def project_root() -> Path:
-    """Where relative data paths and the embedded MLflow store live: MAXOUT_ROOT, else the working directory."""
-    return Path(os.environ.get("MAXOUT_ROOT") or os.getcwd()).resolve()
-
-
-def search_path(root: Path | None = None) -> list[Path]:
-    """Config directories besides the package's: every ``projects/<task>/conf`` under the project root."""
-    root = root or project_root()
-    return sorted(p for p in (root / "projects").glob("*/conf") if p.is_dir())
-
-
-def group_options(group: str, root: Path | None = None) -> list[str]:
-    """Names that ``group=NAME`` accepts, from the package and every project."""
-    dirs = [CONF_DIR / group] + [d / group for d in search_path(root)]
-    return sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
-
-
-def compose(overrides: list[str] | tuple[str, ...] = ()) -> Any:
-    """Compose the raw Hydra config (a DictConfig) and translate Hydra's errors into one-line ConfigErrors."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException, MissingConfigException
-    from omegaconf.errors import OmegaConfBaseException
-
-    _register_schema()
-    overrides = list(overrides)
-    extra = [f"file://{p}" for p in search_path()]
-    if extra:
-        overrides.append(f"hydra.searchpath=[{','.join(extra)}]")
-    try:
-        with initialize_config_dir(version_base=None, config_dir=str(CONF_DIR), job_name="maxout"):
-            return hydra_compose(config_name="config", overrides=overrides)
-    except MissingConfigException as err:
-        found = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
-        if found:
-            group, name = found.groups()
-            raise ConfigError(f"unknown {group} {name!r} (valid {group} options: "
-                              f"{', '.join(group_options(group))})") from None
-        raise ConfigError(str(err).splitlines()[0]) from None
-    except (HydraException, OmegaConfBaseException) as err:
-        first = str(err).splitlines()[0]
-        key = re.search(r"Could not override '([^']+)'", first)
-        if key:
-            raise ConfigError(f"unknown config key {key.group(1)!r} in the overrides; "
-                              f"valid keys under '{key.group(1).rsplit('.', 1)[0]}': "
-                              f"{', '.join(_valid_keys(key.group(1)))}") from None
-        merging = re.match(r"Error merging override (\S+?)=(.*)", first)
-        if merging and err.__cause__ is not None:
-            cause = str(err.__cause__).splitlines()[0]
-            raise ConfigError(f"invalid value for {merging.group(1)} in override {merging.group(0)[23:]}: "
-                              f"{cause}") from None
-        raise ConfigError(f"bad override ({first}); overrides look like key=value, e.g. train.lr=3e-5") from None
-
-
-def _register_schema() -> None:
-    """The dataclasses are the schema (first in config.yaml's defaults list): every field can be overridden
-    even where a YAML file leaves it at its default, and types are checked while composing."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="maxout_schema", node=Config)
-
-
-def _dataclass_in(hint: Any) -> Optional[type]:
-    """The dataclass behind a field's type hint, also when Optional (the hpo section is null unless selected)."""
-    return next((t for t in (hint, *typing.get_args(hint)) if is_dataclass(t)), None)
-
-
-def _valid_keys(dotted: str) -> list[str]:
-    """The keys valid next to the last part of ``dotted`` (``train.x`` -> TrainConfig's fields)."""
-    cls: Optional[type] = Config
-    for part in dotted.split(".")[:-1]:
-        sub = _dataclass_in(typing.get_type_hints(cls).get(part))
-        if sub is None:
-            break
-        cls = sub
-    return [f.name for f in fields(cls)]
-
-
-def _unknown_key(prefix: str, node: Any, cls: type) -> Optional[str]:
-    """The first key of ``node`` (recursively) that the dataclass ``cls`` does not declare."""
-    hints = typing.get_type_hints(cls)
-    for key in node.keys():
-        if key not in hints:
-            return f"{prefix}.{key}"
-        sub, value = _dataclass_in(hints[key]), node.get(key)
-        found = _unknown_key(f"{prefix}.{key}", value, sub) if sub and hasattr(value, "keys") else None
-        if found:
-            return found
-    return None
-
-
-def to_typed(raw: Any, problems: Optional[list] = None) -> Config:
-    """Merge a composed DictConfig onto the dataclasses; unknown keys, wrong types and bad values fail here.
-    With a ``problems`` list, invalid values are appended to it and the (invalid) Config is returned."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    for f in fields(Config):  # `+section.key=...` force-adds past the schema; to_object would drop it silently
-        section = raw.get(f.name)
-        cls = _dataclass_in(typing.get_type_hints(Config)[f.name])
-        extra = _unknown_key(f.name, section, cls) if cls and section is not None else None
-        if extra:
-            raise ConfigError(f"unknown config key '{extra}'; valid keys under '{extra.rsplit('.', 1)[0]}': "
-                              f"{', '.join(_valid_keys(extra))}")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
-        cfg = OmegaConf.to_object(merged)
-        if problems is None:
-            return cfg.validate()
-        problems.extend(cfg.problems())
-        return cfg
-    except ConfigError:
-        raise
-    except OmegaConfBaseException as err:
-        message = str(err).splitlines()[0]
-        key = getattr(err, "full_key", None)
-        if "not in struct" in message.lower() or "Key '" in message:
-            raise ConfigError(f"unknown config key {key!r}; valid keys: "
-                              f"{', '.join(_valid_keys(str(key)))}") from None
-        raise ConfigError(f"invalid value for {key}: {message}") from None
-
-
-def load(overrides: list[str] | tuple[str, ...] = (), device: Any = None, problems: Optional[list] = None
-         ) -> Config:
-    """Compose, resolve ``hardware=auto`` against the detected device, type and validate.
-
-    ``device`` is a ``hardware.DeviceInfo`` (detected when None). Asking for a GPU profile on a machine
-    without a visible CUDA device fails here, before any expensive work. With a ``problems`` list, invalid
-    values and the hardware mismatch are appended there instead of raised (validation.py lists them all).
-    """
-    from . import hardware
-
-    device = device or hardware.detect()
-    overrides = list(overrides)
-    # Which profile is selected? auto.yaml holds no settings, so hardware.* value overrides are left out of
-    # this probe; they apply on top of the picked profile in the real composition below.
-    probe = compose([o for o in overrides if not o.lstrip("+~").startswith("hardware.")])
-    why = ""
-    if probe.hardware.get("name") == "auto":
-        picked, why = hardware.pick_profile(device, hardware.load_profiles())
-        overrides = [o for o in overrides if not o.startswith("hardware=")] + [f"hardware={picked}"]
-    raw = compose(overrides)
-    if why:
-        raw.hardware.description = f"{raw.hardware.get('description', '')} [auto: {why}]".strip()
-    cfg = to_typed(raw, problems)
-    try:
-        hardware.check_profile(cfg.hardware, device)
-    except HardwareError as err:
-        if problems is None:
-            raise
-        problems.append(err)
-    return cfg
-
-
 def to_dict(cfg: Config) -> dict:
-    from omegaconf import OmegaConf
-
+    """The config as plain containers (what runs log as config.yaml and params, and what the run key hashes)."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)

@@ -1,12 +1,14 @@
-"""One error type for everything a user can get wrong.
+"""One error type for everything a user can get wrong, and the signal that ends a run as KILLED.
 
 The CLI turns a MaxoutError into a single line on stderr and its exit code, so every message must name
 the bad value and what is valid, and fit on one line.
+
+Ground floor. May import: nothing.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 USAGE = 2  # bad config, bad override, bad CLI arguments: the user must change the command
 RUNTIME = 1  # the command was fine but the run could not complete (missing file, no GPU, ...)
@@ -37,6 +39,11 @@ class HardwareError(MaxoutError):
     """The requested hardware profile cannot run on this machine."""
 
 
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM (cli.py installs the handler), so the run is closed as KILLED instead
+    of left RUNNING. A BaseException: ``except Exception`` blocks must not swallow it."""
+
+
 class OutOfMemory(HardwareError):
     """Out of memory that maxout could not recover from (one row per forward pass already, or the batch finder
     found that not even one sample fits). HPO prunes such a trial instead of failing the study."""
@@ -62,3 +69,15 @@ def combined(problems: Sequence[MaxoutError]) -> MaxoutError:
     err = (ConfigError if usage else MaxoutError)(f"{len(problems)} problems: " + "; ".join(map(str, problems)))
     err.problems = list(problems)
     return err
+
+
+def collect(problems: list, func: Callable, *args: Any) -> Any:
+    """``func(*args)``, or None with its MaxoutError appended to ``problems`` (how checks list every problem
+    instead of stopping at the first). A check that returns nothing gives True, so the caller can tell it
+    passed."""
+    try:
+        result = func(*args)
+    except MaxoutError as err:
+        problems.append(err)
+        return None
+    return True if result is None else result

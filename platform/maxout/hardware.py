@@ -2,10 +2,13 @@
 
 Detection uses torch for what kernels can run (bf16, TF32, compute capability) and NVML for what torch does
 not report (driver version, the device's marketing name as the driver knows it).
+
+Ground floor. May import: errors, paths.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import shutil
@@ -13,7 +16,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import psutil
+import pynvml
+import torch
+from omegaconf import OmegaConf
+
 from .errors import HardwareError
+from .paths import CONF_DIR
 
 
 @dataclass
@@ -67,8 +76,6 @@ def _cpu_count() -> int:
 
 def _nvml_driver() -> Optional[str]:
     try:
-        import pynvml
-
         pynvml.nvmlInit()
         try:
             version = pynvml.nvmlSystemGetDriverVersion()
@@ -80,8 +87,6 @@ def _nvml_driver() -> Optional[str]:
 
 
 def _flash_attention(cc: Optional[tuple]) -> tuple[bool, str]:
-    import importlib.util
-
     if cc is None:
         return False, "no CUDA device"
     if cc < (8, 0):
@@ -92,9 +97,6 @@ def _flash_attention(cc: Optional[tuple]) -> tuple[bool, str]:
 
 
 def detect() -> DeviceInfo:
-    import psutil
-    import torch
-
     info = DeviceInfo(
         kind="cpu", name=platform.processor() or platform.machine(), torch_version=torch.__version__,
         cpu_count=_cpu_count(), host_memory_gb=round(psutil.virtual_memory().total / 2**30, 1),
@@ -129,11 +131,7 @@ def detect() -> DeviceInfo:
 
 
 def load_profiles() -> dict[str, Any]:
-    """Every hardware profile YAML, by name (raw, for matching; typed configs come from config.load)."""
-    from omegaconf import OmegaConf
-
-    from .config import CONF_DIR
-
+    """Every hardware profile YAML, by name (raw, for matching; typed configs come from loading.load)."""
     return {p.stem: OmegaConf.load(p) for p in sorted((CONF_DIR / "hardware").glob("*.yaml"))}
 
 

@@ -12,6 +12,8 @@ N_fwd = non-embedding parameters, N_trainable = trainable non-embedding paramete
 which gives the familiar 6·N), L layers, d hidden size, S the mean padded sequence length. Real (non-pad)
 tokens are counted, so padding waste lowers MFU, as it should. The peak is the dense tensor-core peak for the
 precision in use (table in ``hardware.PEAK_TFLOPS``). There is no MFU on CPU: no meaningful peak to divide by.
+
+Ground floor. May import: nothing (numbers in, numbers out; the caller passes the peak).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import pynvml
 import torch
 
 
@@ -152,8 +155,6 @@ class UtilizationSampler:
 
     def start(self) -> "UtilizationSampler":
         try:
-            import pynvml
-
             pynvml.nvmlInit()
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
             self.available = True
@@ -165,8 +166,6 @@ class UtilizationSampler:
         return self
 
     def _run(self) -> None:
-        import pynvml
-
         while not self._stop.wait(self.interval_s):
             try:
                 self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)

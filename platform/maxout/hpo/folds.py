@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+from sklearn.model_selection import StratifiedKFold
+
 from ..data import Dataset
 from ..errors import ConfigError
 
 
 def kfold(dataset: Dataset, k: int, seed: int) -> list[Dataset]:
-    from sklearn.model_selection import StratifiedKFold
-
     labels = dataset.train.labels
     rarest, count = min(Counter(labels).items(), key=lambda item: item[1])
     if count < k:

@@ -1,6 +1,6 @@
 """One Optuna trial = one nested MLflow child run under the study's parent run.
 
-Sampled values become Hydra overrides on top of the user's -> ``config.load`` -> ``train(cfg, tracker=child)``.
+Sampled values become Hydra overrides on top of the user's -> ``loading.load`` -> ``train(cfg, tracker=child)``.
 The trial reports its metric after each epoch (k_folds=1; step = epochs done) or after each fold (k_folds>1;
 step = folds done, value = the running mean over the folds so far), and a pruned trial stops at once. With k
 folds each fold trains in its own run nested under the trial's run, which carries the per-fold and mean scores.
@@ -18,41 +18,45 @@ import socket
 import statistics
 import sys
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-from .. import config, registry, tracking
+import optuna
+import torch
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from torch._dynamo.utils import counters
+
+from .. import loading
+from ..config import Config, HpoConfig
 from ..data import Dataset
-from ..errors import OutOfMemory, first_line
+from ..errors import OutOfMemory, Terminated, first_line
+from ..hardware import DeviceInfo
 from ..optimizations.compile import compile_seconds
-from ..train import Callback, TrainState, train
+from ..registry.promotion import beats
+from ..tracking.tracker import Tracker, closing, start
+from ..train import Callback, TrainResult, TrainState, train
 from ..train.oom import free_cached
 from ..train.run import log_model
 from . import search_space
-from .settings import HpoConfig
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
 def is_out_of_memory(err: BaseException) -> bool:
     """torch's own error, a backend's RuntimeError that says so, or maxout's (recovery exhausted, no batch fits)."""
-    import torch
-
     return isinstance(err, (torch.OutOfMemoryError, OutOfMemory)) or (isinstance(err, RuntimeError)
                                                                       and "out of memory" in str(err).lower())
 
 
-def with_log_model(cfg: Any, log_model: bool) -> Any:
+def with_log_model(cfg: Config, log_model: bool) -> Config:
     return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, log_model=log_model))
 
 
 def cache_counts() -> dict[str, int]:
     """TorchInductor's cumulative FX-graph cache hits and misses in this process."""
-    from torch._dynamo.utils import counters
-
     return {k: int(counters["inductor"][k]) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
 
 
-def frozen(trial: Any) -> Any:
+def frozen(trial: optuna.Trial) -> optuna.trial.FrozenTrial:
     """The stored view of a running trial (a live Trial does not expose its system attributes)."""
     return next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
 
@@ -61,7 +65,7 @@ class TrialReporter(Callback):
     """Counts the epochs a trial trains; with ``report_epochs`` reports the metric at each epoch end and stops
     training at once (raises TrialPruned) when the pruner says so."""
 
-    def __init__(self, trial: Any, metric: str, tracker: Any, report_epochs: bool):
+    def __init__(self, trial: optuna.Trial, metric: str, tracker: Tracker, report_epochs: bool):
         self.trial, self.metric, self.tracker, self.report_epochs = trial, metric, tracker, report_epochs
         self.epochs = 0  # over all train() calls of this trial (folds)
         self.epochs_per_run: Optional[int] = None  # what one train() call plans, known at its first epoch end
@@ -80,8 +84,6 @@ class TrialReporter(Callback):
         self.tracker.log_metrics(self.compile_metrics(), step=state.step)
 
     def on_epoch_end(self, state: TrainState) -> None:
-        import optuna
-
         self.epochs += 1
         self._run_epochs += 1
         if self.epochs_per_run is None:  # max_steps may end training before train.epochs
@@ -99,19 +101,16 @@ class TrialReporter(Callback):
 
 class Objective:
     def __init__(self, overrides: Sequence[str], specs: list, hpo: HpoConfig, dataset: Dataset,
-                 folds: Optional[list[Dataset]], device: Any, parent_run_id: Optional[str],
+                 folds: Optional[list[Dataset]], device: DeviceInfo, parent_run_id: Optional[str],
                  retried_by_heartbeat: bool, callbacks: Sequence[Callback] = (), progress: bool = False):
         self.overrides, self.specs, self.hpo = list(overrides), specs, hpo
         self.dataset, self.folds, self.device = dataset, folds, device
         self.parent_run_id, self.retried_by_heartbeat = parent_run_id, retried_by_heartbeat
         self.callbacks, self.progress = list(callbacks), progress
 
-    def __call__(self, trial: Any) -> float:
-        import optuna
-        from optuna.storages import RetryHeartbeatStaleTrialCallback
-
+    def __call__(self, trial: optuna.Trial) -> float:
         values = search_space.suggest(trial, self.specs)
-        cfg = config.load(self.overrides + search_space.overrides(values), device=self.device)
+        cfg = loading.load(self.overrides + search_space.overrides(values), device=self.device)
         retry_of = None
         if self.retried_by_heartbeat:  # only heartbeat storages re-queue; frozen() reads every trial of the study
             with warnings.catch_warnings():
@@ -121,7 +120,7 @@ class Objective:
                 "maxout.hpo.trial_number": trial.number, "maxout.hpo.state": "RUNNING",
                 "maxout.hardware_profile": cfg.hardware.name, "maxout.model": cfg.model.name,
                 "maxout.data": cfg.data.name, **({"maxout.hpo.retry_of": retry_of} if retry_of is not None else {})}
-        child = tracking.start(cfg.tracking, run_name=f"trial-{trial.number}", tags=tags, nested=True,
+        child = start(cfg.tracking, run_name=f"trial-{trial.number}", tags=tags, nested=True,
                                system_metrics=cfg.tracking.system_metrics)  # the parent samples none
         reporter = TrialReporter(trial, self.hpo.metric, child, report_epochs=self.folds is None)
         state, status, reason, fail_in_storage = "FAIL", "FAILED", "", False
@@ -142,7 +141,7 @@ class Objective:
         except KeyboardInterrupt:  # Optuna marks the trial FAIL and stops the study
             status, reason = "KILLED", "interrupted"
             raise
-        except tracking.Terminated:  # SIGTERM: Optuna does not catch it, so the trial would stay RUNNING
+        except Terminated:  # SIGTERM: Optuna does not catch it, so the trial would stay RUNNING
             status, reason = "KILLED", "terminated (SIGTERM)"
             fail_in_storage = not self.retried_by_heartbeat  # with heartbeats it goes stale and is re-queued
             raise
@@ -167,11 +166,11 @@ class Objective:
             print(f"maxout: trial {trial.number} {state} after {reporter.epochs}/{planned} epochs"
                   + (f" ({reason})" if reason else ""), file=sys.stderr)
 
-    def _train(self, cfg: Any, tracker: Any, reporter: TrialReporter, dataset: Dataset) -> Any:
+    def _train(self, cfg: Config, tracker: Tracker, reporter: TrialReporter, dataset: Dataset) -> TrainResult:
         return train(cfg, tracker=tracker, callbacks=[reporter, *self.callbacks], progress=self.progress,
                      device=self.device, verbose=False, dataset=dataset)
 
-    def _single(self, trial: Any, cfg: Any, child: Any, reporter: TrialReporter) -> float:
+    def _single(self, trial: optuna.Trial, cfg: Config, child: Tracker, reporter: TrialReporter) -> float:
         wanted, every = cfg.tracking.log_model, self.hpo.log_models == "all"  # tracking.log_model=false wins
         result = self._train(with_log_model(cfg, wanted and every), child, reporter, self.dataset)
         value = result.metrics[self.hpo.metric]
@@ -182,27 +181,25 @@ class Objective:
             trial.set_user_attr("model_uri", model_uri)
         return value
 
-    def _beats_best(self, trial: Any, value: float) -> bool:
+    def _beats_best(self, trial: optuna.Trial, value: float) -> bool:
         try:
             best = trial.study.best_value
         except ValueError:  # no complete trial yet
             return True
-        return registry.beats(value, best, self.hpo.direction)
+        return beats(value, best, self.hpo.direction)
 
-    def _folds(self, trial: Any, cfg: Any, child: Any, reporter: TrialReporter) -> float:
+    def _folds(self, trial: optuna.Trial, cfg: Config, child: Tracker, reporter: TrialReporter) -> float:
         """k-fold: each fold is a run nested under the trial's; no model is logged (a fold's model is not the
         one to deploy)."""
-        import optuna
-
         metric, k = self.hpo.metric, len(self.folds)
         fold_cfg = with_log_model(cfg, False)
         scores: list[float] = []
         for i, fold in enumerate(self.folds, 1):
-            run = tracking.start(fold_cfg.tracking, run_name=f"trial-{trial.number}-fold-{i}", nested=True,
+            run = start(fold_cfg.tracking, run_name=f"trial-{trial.number}-fold-{i}", nested=True,
                                  system_metrics=False,
                                  tags={"maxout.command": "hpo-fold", "maxout.hpo.study": trial.study.study_name,
                                        "maxout.hpo.trial_number": trial.number, "maxout.hpo.fold": i})
-            with tracking.closing(run):
+            with closing(run):
                 result = self._train(fold_cfg, run, reporter, fold)
             if i == 1:  # what every fold shares (optimizations, config, device) also goes on the trial's run
                 child.log_params({k_: v for k_, v in result.params.items() if not k_.startswith("derived.")})

@@ -10,7 +10,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import optuna
+from optuna.trial import TrialState
+
 from ..errors import first_line
+from ..tracking.tracker import Tracker
 
 PLOTS = ("optimization_history", "param_importances", "intermediate_values")
 
@@ -31,8 +35,6 @@ class BestTrial:
 def counts(trials: list) -> dict[str, float]:
     """Trial counts and the compute saved by pruning: trial-epochs run vs. what the same trials would have run
     without pruning (each its planned epochs, times the folds)."""
-    from optuna.trial import TrialState
-
     n = {s: sum(t.state == s for t in trials) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     run = sum(t.user_attrs.get("epochs_run", 0) for t in finished)
@@ -54,11 +56,10 @@ def best_trial(study: Any, metric: str, direction: str) -> Optional[BestTrial]:
 
 def plots(study: Any, out: Path) -> dict[str, str]:
     """Write the plots that can be drawn; returns {plot: why it was skipped} for the others."""
-    import matplotlib
+    import matplotlib  # lazy: 0.6 s to import, and only this end-of-study report draws
 
-    matplotlib.use("Agg")  # headless: workers have no display
-    import matplotlib.pyplot as plt
-    import optuna
+    matplotlib.use("Agg")  # headless (workers have no display); chosen before pyplot is imported
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
     from optuna.visualization import matplotlib as vis
 
     skipped: dict[str, str] = {}
@@ -78,7 +79,7 @@ def plots(study: Any, out: Path) -> dict[str, str]:
     return skipped
 
 
-def log(parent: Any, study: Any, metric: str, direction: str) -> tuple[Optional[BestTrial], dict[str, float]]:
+def log(parent: Tracker, study: Any, metric: str, direction: str) -> tuple[Optional[BestTrial], dict[str, float]]:
     """Everything above onto the parent run; returns the best trial (None while no trial completed) and the
     counts."""
     trials = study.get_trials(deepcopy=False)

@@ -18,6 +18,10 @@ import typing
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..config import Config
 from ..errors import ConfigError
 
 TYPES = ("float", "int", "categorical")
@@ -141,12 +145,9 @@ def _is_integer_field(holder: Any, name: str) -> bool:
     return hint is int or set(typing.get_args(hint)) == {int, type(None)}
 
 
-def check(specs: list[ParamSpec], cfg: Any) -> None:
+def check(specs: list[ParamSpec], cfg: Config) -> None:
     """Every key is a real config key of the right type, and every bound or choice passes the config's own
     validation (so a trial never fails on a value the search space allowed)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     for spec in specs:
         holder, name = _resolve(cfg, spec.key)
         if spec.type == "float" and _is_integer_field(holder, name):
@@ -162,7 +163,7 @@ def check(specs: list[ParamSpec], cfg: Any) -> None:
                 _fail(spec.key, f"value {value!r} is invalid: {str(err).splitlines()[0]}")
 
 
-def load(tree: Any, cfg: Any) -> list[ParamSpec]:
+def load(tree: Any, cfg: Config) -> list[ParamSpec]:
     specs = parse(tree)
     check(specs, cfg)
     return specs

@@ -16,20 +16,26 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import tracking
-from ..config import TrackingConfig, project_root
+import mlflow
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileBackend
+
+from ..config import HpoConfig, TrackingConfig
 from ..errors import MaxoutError, first_line
-from .settings import HpoConfig
+from ..paths import local_dir
+from ..tracking.redact import redact
+from ..tracking.store import resolve_uri
 
 CONNECT_TIMEOUT_S = 5  # an unreachable database fails in seconds, not after driver-default minutes
 
 
 def store_dir(tracking_cfg: TrackingConfig) -> Path:
     """Beside the local MLflow store: the SQLite file's folder, else <project root>/mlruns."""
-    uri, _ = tracking.resolve_uri(tracking_cfg)
+    uri, _ = resolve_uri(tracking_cfg)
     if uri.startswith("sqlite:///"):
         return Path(uri[len("sqlite:///"):]).parent
-    return project_root() / "mlruns"
+    return local_dir()
 
 
 def is_url(storage: str) -> bool:
@@ -43,9 +49,6 @@ def location(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> str:
 
 def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
     """The Optuna storage, connected (an unreachable database fails here, in seconds, with a one-line error)."""
-    import optuna
-    from optuna.storages.journal import JournalFileBackend
-
     where = location(hpo, tracking_cfg)
     if not is_url(where):
         path = Path(where).expanduser()
@@ -64,9 +67,9 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
     except Exception as err:  # sqlalchemy's OperationalError / ArgumentError, a missing driver, ...
         first = first_line(err)
         if "import" in first.lower():  # SQLAlchemy 2.1 maps postgresql:// to psycopg 3, which is not installed
-            raise MaxoutError(f"no database driver for {tracking.redact(where)} ({first}); for PostgreSQL use "
+            raise MaxoutError(f"no database driver for {redact(where)} ({first}); for PostgreSQL use "
                               f"postgresql+psycopg2://user:password@host:5432/db") from None
-        raise MaxoutError(f"HPO storage unreachable at {tracking.redact(where)} ({tracking.redact(first)}); "
+        raise MaxoutError(f"HPO storage unreachable at {redact(where)} ({redact(first)}); "
                           f"check hpo.storage / MAXOUT_HPO_STORAGE, or use hpo.storage=null for a local "
                           f"journal file") from None
 
@@ -81,9 +84,6 @@ class RetryLostTrial:
     the MLflow runs that worker left RUNNING (the trial's child, its fold runs, the worker's parent) as KILLED."""
 
     def __init__(self, max_retry: Optional[int], tracking_cfg: TrackingConfig):
-        import optuna
-        from optuna.storages import RetryHeartbeatStaleTrialCallback
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
@@ -99,9 +99,7 @@ class RetryLostTrial:
 
 
 def end_lost_runs(tracking_cfg: TrackingConfig, run_id: str, parent_run_id: Optional[str], reason: str) -> None:
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=tracking.resolve_uri(tracking_cfg)[0])
+    client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking_cfg)[0])
     run = client.get_run(run_id)
     folds = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
     for lost in [run, *folds]:

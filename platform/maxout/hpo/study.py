@@ -18,16 +18,23 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from .. import config, hardware, tracking
-from ..config import Config
+import optuna
+from optuna.study import MaxTrialsCallback
+from optuna.trial import TrialState
+
+from .. import hardware, loading
+from ..config import Config, HpoConfig, to_dict
 from ..errors import ConfigError
-from ..train import Callback
-from ..train.run import flatten, prepare
+from ..registry import promotion
+from ..registry.client import client_for
+from ..tracking.params import config_params, flatten
+from ..tracking.redact import redact
+from ..tracking.tracker import closing, start
+from ..train import Callback, prepare
 from . import report, search_space, storage as storage_mod
 from .folds import kfold
 from .objective import WORKER, Objective
 from .report import BestTrial
-from .settings import HpoConfig
 
 # Attributes that define what a study's values mean: a worker that disagrees must not join it.
 STUDY_ATTRS = ("metric", "k_folds")
@@ -45,17 +52,15 @@ class StudyResult:
 def promote_best_trial(cfg: Config, best: BestTrial) -> None:
     """The model-registry hook, once per study invocation, after the parent run got its summary: with
     ``registry.name`` set, the study's best complete trial's model is registered and becomes champion if it
-    beats the current one (registry.register_and_promote, under the registry's promotion lock). A best trial
+    beats the current one (promotion.register_and_promote, under the registry's promotion lock). A best trial
     that already has a version (another worker of the study registered it) is not registered twice."""
-    from .. import registry
-
     if not cfg.registry.name:
         return
     if not best.model_uri or not best.run_id:
         print(f"maxout: registry: best trial {best.number} has no logged model to register "
               f"(hpo.k_folds={cfg.hpo.k_folds}, hpo.log_models={cfg.hpo.log_models})", file=sys.stderr)
         return
-    client = registry.client_for(cfg)
+    client = client_for(cfg)
     if client.search_model_versions(f"name='{cfg.registry.name}' and run_id='{best.run_id}'"):
         print(f"maxout: registry: best trial {best.number} (run {best.run_id}) is registered already")
         return
@@ -64,7 +69,7 @@ def promote_best_trial(cfg: Config, best: BestTrial) -> None:
     if value is None:
         raise ConfigError(f"registry.metric={cfg.registry.metric!r}: best trial {best.number} has no such metric; "
                           f"set registry.metric={best.metric}")
-    outcome = registry.register_and_promote(best.run_id, best.model_uri, value, cfg,
+    outcome = promotion.register_and_promote(best.run_id, best.model_uri, value, cfg,
                                             run.data.params.get("derived.data_fingerprint", ""), cfg.hardware.name,
                                             client=client)
     print(f"maxout: {outcome.summary()}")
@@ -72,12 +77,9 @@ def promote_best_trial(cfg: Config, best: BestTrial) -> None:
 
 def check_registry(cfg: Config) -> None:
     """Before any trial: registering the best trial needs a logged model, so a tracked single-split study."""
-    from .. import registry
-    from ..train.evaluate import METRICS
-
     if not cfg.registry.name:
         return
-    registry.check_train(cfg, METRICS)
+    promotion.check_train(cfg)
     if cfg.hpo.k_folds > 1 or cfg.hpo.log_models == "none":
         raise ConfigError(f"registry.name={cfg.registry.name!r} needs the best trial's model: k-fold trials and "
                           f"hpo.log_models=none log none (got hpo.k_folds={cfg.hpo.k_folds}, "
@@ -85,8 +87,6 @@ def check_registry(cfg: Config) -> None:
 
 
 def build_sampler(hpo: HpoConfig) -> Any:
-    import optuna
-
     if hpo.sampler.name == "random":
         return optuna.samplers.RandomSampler(seed=hpo.sampler.seed)
     return optuna.samplers.TPESampler(seed=hpo.sampler.seed, n_startup_trials=hpo.sampler.n_startup_trials)
@@ -99,8 +99,6 @@ def max_resource(hpo: HpoConfig, epochs: int) -> int:
 
 def build_pruner(hpo: HpoConfig, epochs: int) -> Any:
     """HyperbandPruner wrapped in PatientPruner (patience null: Hyperband alone; name none: never prune)."""
-    import optuna
-
     p = hpo.pruner
     if p.name == "none":
         return optuna.pruners.NopPruner()
@@ -122,8 +120,6 @@ def build_pruner(hpo: HpoConfig, epochs: int) -> Any:
 def open_study(hpo: HpoConfig, storage: Any, where: str, sampler: Any = None, pruner: Any = None) -> Any:
     """Create the study, or join it when it exists (another worker, an earlier invocation). Joining a study
     that optimizes in the other direction, or another metric or fold count, is an error."""
-    import optuna
-
     wanted = {"metric": hpo.metric, "k_folds": hpo.k_folds}
     try:
         study_id = storage.get_study_id_from_name(hpo.study_name)
@@ -132,7 +128,7 @@ def open_study(hpo: HpoConfig, storage: Any, where: str, sampler: Any = None, pr
     if study_id is not None:
         direction = storage.get_study_directions(study_id)[0].name.lower()
         if direction != hpo.direction:
-            raise ConfigError(f"study {hpo.study_name!r} in {tracking.redact(where)} already exists with "
+            raise ConfigError(f"study {hpo.study_name!r} in {redact(where)} already exists with "
                               f"direction={direction}, not {hpo.direction}: use hpo.direction={direction} to join "
                               f"it, or another hpo.study_name")
         attrs = storage.get_study_user_attrs(study_id)
@@ -149,17 +145,12 @@ def open_study(hpo: HpoConfig, storage: Any, where: str, sampler: Any = None, pr
 
 
 def finished(study: Any) -> int:
-    from optuna.trial import TrialState
-
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
 def optimize(study: Any, objective: Objective, hpo: HpoConfig) -> None:
     """Run trials until the STUDY has hpo.n_trials finished ones (counting every worker's), or the timeout.
     Several workers may overshoot by up to one trial each (the ones still running when the count is reached)."""
-    from optuna.study import MaxTrialsCallback
-    from optuna.trial import TrialState
-
     callbacks = []
     if hpo.n_trials is not None:
         if finished(study) >= hpo.n_trials:
@@ -175,16 +166,14 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
         on_best: Callable[[Config, BestTrial], None] = promote_best_trial, progress: bool = False) -> StudyResult:
     """One worker on the study named by ``hpo.study_name`` (``overrides`` must select an hpo config, e.g.
     ``hpo=default``). ``callbacks`` are added to every trial's training (tests inject failures with them)."""
-    import optuna
-
     device = device or hardware.detect()
     overrides = list(overrides)
-    cfg = config.load(overrides, device=device)
+    cfg = loading.load(overrides, device=device)
     if cfg.hpo is None:
         raise ConfigError("no hpo config selected: add hpo=default (maxout hpo adds it unless hpo=... is given)")
     hpo = cfg.hpo
     specs = search_space.load(hpo.search_space, cfg)
-    dataset, _ = prepare(cfg)  # data files, columns, labels, model availability
+    dataset = prepare.check(cfg).dataset  # data files, columns, labels, model availability, the tracking store
     check_registry(cfg)
     folds = kfold(dataset, hpo.k_folds, hpo.fold_seed) if hpo.k_folds > 1 else None
     pruner = build_pruner(hpo, cfg.train.epochs)
@@ -194,22 +183,19 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
     study = open_study(hpo, storage, where, build_sampler(hpo), pruner)
     cache = storage_mod.compile_cache(hpo, cfg.tracking)
 
-    parent = tracking.start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False,
-                            tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name,
-                                  "maxout.hpo.storage": where, "maxout.hpo.worker": WORKER,
-                                  "maxout.model": cfg.model.name, "maxout.data": cfg.data.name},
-                            checked=True)  # prepare() ran validation.check
-    with tracking.closing(parent):
-        tree = config.to_dict(cfg)
-        params = {k: v for section in tree if section not in ("hpo", "debug")
-                  for k, v in flatten(tree[section], f"cfg.{section}").items()}
+    parent = start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False,
+                   tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name, "maxout.hpo.storage": where,
+                         "maxout.hpo.worker": WORKER, "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+    with closing(parent):
+        tree = to_dict(cfg)
+        params = config_params(cfg)
         params.update(flatten({k: v for k, v in tree["hpo"].items() if k != "search_space"}, "hpo"))
         params.update({f"hpo.search_space.{k}": v for k, v in search_space.describe(specs).items()})
         params.update({"hpo.storage": where, "hpo.compile_cache_dir": cache,
                        "hpo.pruner.max_resource": max_resource(hpo, cfg.train.epochs)})
         parent.log_params(params)
         parent.log_dict(tree, "config.yaml")
-        print(f"maxout: study {hpo.study_name!r} in {tracking.redact(where)}: {finished(study)} finished trials; "
+        print(f"maxout: study {hpo.study_name!r} in {redact(where)}: {finished(study)} finished trials; "
               f"{len(specs)} hyper-parameters, k_folds={hpo.k_folds}", file=sys.stderr)
         objective = Objective(overrides, specs, hpo, dataset, folds, device, parent.run_id,
                               storage_mod.heartbeats(storage), callbacks, progress)
@@ -219,4 +205,4 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
             best, summary = report.log(parent, study, hpo.metric, hpo.direction)
         if best is not None:
             on_best(cfg, best)
-    return StudyResult(hpo.study_name, tracking.redact(where), parent.run_id, best, summary)
+    return StudyResult(hpo.study_name, redact(where), parent.run_id, best, summary)

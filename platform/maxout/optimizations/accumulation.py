@@ -9,10 +9,6 @@ from typing import Optional
 from .base import Decision
 
 
-def supported(target: Optional[int], micro_batch: int) -> tuple[bool, str]:
-    return True, ""
-
-
 def plan(target: Optional[int], micro_batch: int, world_size: int = 1) -> tuple[int, Decision]:
     """Accumulation steps and the decision: requested = target effective batch, effective = what runs."""
     per_step = micro_batch * world_size

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import ATTENTION
 from .base import Decision
 
-CHAIN = ("flash_attention_2", "sdpa", "eager")
+CHAIN = ATTENTION  # the order requests fall back in
 
 
 def supported(impl: str, model_class: type, device: Any, precision: str) -> tuple[bool, str]:

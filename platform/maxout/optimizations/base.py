@@ -1,7 +1,9 @@
+"""The record of one optimization's decision: what was asked for, what runs, and why they differ."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclass(frozen=True)
@@ -37,3 +39,11 @@ def decide(name: str, requested: Any, support: tuple[bool, str], off: Any = Fals
     if requested == off or ok:
         return Decision(name, requested, requested)
     return Decision(name, requested, off, reason)
+
+
+def named(decisions: Iterable[Decision], name: str) -> Decision:
+    """The decision called ``name`` (decisions are read by name, never by their position in a list)."""
+    found = next((d for d in decisions if d.name == name), None)
+    if found is None:
+        raise KeyError(f"no decision named {name!r}")
+    return found

@@ -9,22 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._dynamo
+from torch._dynamo.utils import calculate_time_spent
+from torch.utils._triton import has_triton
 
+from . import CUDAGRAPH_MODES
 from .base import Decision
-
-CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def supported(device: Any) -> tuple[bool, str]:
-    import torch._dynamo
-
     if not torch._dynamo.is_dynamo_supported():
         return False, "torch.compile (dynamo) does not support this Python/platform"
-    if device.is_cuda:
-        from torch.utils._triton import has_triton
-
-        if not has_triton():
-            return False, "triton is not installed: inductor cannot generate GPU kernels"
+    if device.is_cuda and not has_triton():
+        return False, "triton is not installed: inductor cannot generate GPU kernels"
     if not device.compiler:  # CPU kernels are C++; on CUDA, triton builds its kernel launcher with it too
         return False, "no C compiler (cc/gcc) on PATH: inductor needs one (apt-get install gcc)"
     return True, ""
@@ -49,6 +46,4 @@ def apply(model: torch.nn.Module, mode: str, dynamic: bool | None) -> torch.nn.M
 
 def compile_seconds() -> float:
     """Cumulative wall time torch has spent compiling in this process (dynamo + AOT + inductor, fwd + bwd)."""
-    from torch._dynamo.utils import calculate_time_spent
-
     return float(calculate_time_spent().get("total_wall_time", 0.0))

@@ -13,7 +13,7 @@ NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "LayerNorm.bias", "
 
 
 def _fused_devices() -> list[str]:
-    try:
+    try:  # lazy: a private torch API, missing from older versions (the except covers them)
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
         return list(_get_fused_kernels_supported_devices())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from typing import Any
 
 import torch
@@ -14,9 +15,7 @@ def supported(adapter: str) -> tuple[bool, str]:
     if importlib.util.find_spec("peft") is None:
         return False, "the peft package is not installed (pip install peft)"
     if adapter == "dora":
-        import inspect
-
-        from peft import LoraConfig
+        from peft import LoraConfig  # lazy: peft takes 3 s to import; only model.adapter=lora|dora needs it
 
         if "use_dora" not in inspect.signature(LoraConfig).parameters:
             return False, "this peft version has no DoRA (use_dora); upgrade peft"
@@ -24,7 +23,7 @@ def supported(adapter: str) -> tuple[bool, str]:
 
 
 def apply(model: torch.nn.Module, adapter: str, r: int, alpha: int, dropout: float, target_modules: Any) -> Any:
-    from peft import LoraConfig, TaskType, get_peft_model
+    from peft import LoraConfig, TaskType, get_peft_model  # lazy: 3 s to import; only adapter runs need it
 
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout,

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
+from . import PRECISIONS
 from .base import Decision
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = dict(zip(PRECISIONS, (torch.bfloat16, torch.float16, torch.float32)))
 
 
 def supported(precision: str, device: Any) -> tuple[bool, str]:

@@ -1,4 +1,15 @@
-"""Training: ``train(cfg)`` runs one tracked fine-tuning run (see run.py); the loop is in loop.py."""
+"""Training: ``train(cfg)`` runs one tracked fine-tuning run (run.py); the loop is in loop.py.
+
+- ``prepare.py``: the input checks that run before any run exists
+- ``setup.py``: builds the model, data loaders and optimizer, deciding and applying each optimization once
+- ``loop.py``, ``callbacks.py``, ``evaluate.py``: the loop, its five hook points, evaluation
+- ``oom.py``: out-of-memory recovery; ``batch_finder.py`` and ``tensor_memory.py``: ``batch_size=auto``
+- ``checkpointing.py``, ``resume.py``: checkpoints, and ``resume=auto``
+- ``run.py``: ``train(cfg)``, the params and model it logs
+
+Train wing. May import: errors, paths, config, hardware, optimizations, metrics, data, modeling, serving,
+tracking, train. Not loading (it takes a Config, never composes one), registry, hpo, insight or cli.
+"""
 
 from .callbacks import Callback, TrainState
 from .run import TrainResult, train

@@ -6,18 +6,17 @@ It runs the eager module even when training is compiled: a no-grad graph would b
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from ..config import EVAL_METRICS
 from ..data import MODEL_INPUTS
 from ..metrics import classification_metrics
-
-METRICS = ("eval/loss", "eval/accuracy", "eval/macro_f1")  # what evaluate() returns, in this order
+from .setup import Setup
 
 
 @torch.no_grad()
-def evaluate(s: Any) -> dict[str, float]:
+def evaluate(s: Setup) -> dict[str, float]:
+    """``config.EVAL_METRICS`` on the validation set."""
     device = s.device.torch_device
     s.model.eval()
     loss_sum = torch.zeros((), device=device)
@@ -33,4 +32,4 @@ def evaluate(s: Any) -> dict[str, float]:
     preds_t, labels_t = torch.cat(preds), torch.cat(labels)
     scores = classification_metrics(preds_t, labels_t, s.dataset.num_labels)
     values = torch.stack([loss_sum / labels_t.numel(), scores["accuracy"], scores["macro_f1"]]).tolist()  # one sync
-    return dict(zip(METRICS, values))
+    return dict(zip(EVAL_METRICS, values))

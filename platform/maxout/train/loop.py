@@ -16,7 +16,7 @@ A callback stops training by raising (e.g. optuna.TrialPruned); the caller decid
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -25,6 +25,7 @@ from .. import metrics as m
 from ..data import MODEL_INPUTS
 from ..errors import first_line
 from ..optimizations import compile as compile_opt, grad_clipping
+from ..tracking.tracker import Tracker
 from .callbacks import Callback, CallbackList, TrainState
 from .evaluate import evaluate
 from .setup import Setup
@@ -84,7 +85,7 @@ def _forward_backward(s: Setup, micro_batches: Sequence[dict]) -> torch.Tensor:
     return step_loss
 
 
-def fit(s: Setup, tracker: Any, callbacks: Sequence[Callback] = (), progress: bool = True,
+def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress: bool = True,
         state: Optional[TrainState] = None) -> dict[str, float]:
     """Train from scratch, or from ``state`` restored from a checkpoint (model and optimizer restored too)."""
     tr, device = s.cfg.train, s.device.torch_device

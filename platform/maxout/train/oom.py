@@ -13,11 +13,12 @@ import gc
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Optional
 
 import torch
 
 from ..errors import OutOfMemory
+from ..tracking.tracker import Tracker
 
 SPLIT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 
@@ -27,9 +28,9 @@ class OOMRecovery:
     enabled: bool = True  # off for the batch finder's probes: there an out-of-memory error is the answer
     halvings: int = 0
     events: list = field(default_factory=list)  # one dict per recovered out-of-memory error
-    tracker: Any = None  # where events are logged as they happen (attach() it before training)
+    tracker: Optional[Tracker] = None  # where events are logged as they happen (attach() it before training)
 
-    def attach(self, tracker: Any) -> None:
+    def attach(self, tracker: Tracker) -> None:
         self.tracker = tracker
 
     def rows_per_forward(self, rows: int) -> int:

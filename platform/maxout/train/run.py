@@ -1,28 +1,32 @@
 """``train(cfg)``: one fine-tuning run, tracked. The CLI, HPO and benchmarks all call this.
 
-Everything that can be wrong with the input (config, data files, columns, labels, model availability, tracking
-store, the checkpoint to resume) is checked by validation.py before the tracking run starts, so bad input never
-leaves a run behind; after it starts, any failure ends the run as FAILED (or KILLED on Ctrl-C / SIGTERM) with the
+Everything that can be wrong with the input (data files, columns, labels, model availability, tracking store,
+the checkpoint to resume) is checked by prepare.py before the tracking run starts, so bad input never leaves a
+run behind; after it starts, any failure ends the run as FAILED (or KILLED on Ctrl-C / SIGTERM) with the
 reason as a tag. Checkpoints are saved as it trains (checkpointing.py); ``resume=auto`` continues the same MLflow
 run from the last one (resume.py).
 """
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import pandas as pd
 
 from .. import data as data_mod
-from .. import batch_finder, hardware, inference, metrics as m, tracking, validation
+from .. import hardware, metrics as m
 from ..config import Config, to_dict
+from ..errors import Terminated
 from ..optimizations import accumulation, lora
+from ..serving import inference
+from ..tracking.params import config_params, device_params
+from ..tracking.tracker import Tracker, closing, start
+from . import batch_finder, prepare
 from .callbacks import Callback
 from .loop import fit
 from .setup import Setup, build
@@ -37,30 +41,13 @@ class TrainResult:
     params: dict = field(default_factory=dict)
 
 
-def flatten(tree: Any, prefix: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            out.update(flatten(value, f"{prefix}.{key}"))
-    else:
-        out[prefix] = json.dumps(tree) if isinstance(tree, (list, tuple)) else str(tree)
-    return out
-
-
 def run_params(cfg: Config, setup: Setup) -> dict[str, str]:
     """The naming scheme (README, "MLflow params"): opt.* decisions, cfg.* config, device.*, derived.*."""
     params: dict[str, str] = {}
     for decision in setup.decisions:
         params.update(decision.params())
-    tree = to_dict(cfg)
-    for section in ("hardware", "model", "data", "train", "tracking", "registry", "checkpoint", "batch_finder"):
-        params.update(flatten(tree[section], f"cfg.{section}"))
-    dev = setup.device
-    params.update({"device.kind": dev.kind, "device.name": dev.name, "device.count": str(dev.count),
-                   "device.memory_gb": str(dev.total_memory_gb), "device.cpu_count": str(dev.cpu_count),
-                   "device.compute_capability": ".".join(map(str, dev.compute_capability or ())) or "none",
-                   "device.driver": str(dev.driver_version), "device.cuda": str(dev.cuda_version),
-                   "device.torch": dev.torch_version})
+    params.update(config_params(cfg))
+    params.update(device_params(setup.device))
     params.update({f"derived.{k}": str(v) for k, v in setup.derived.items()})
     return params
 
@@ -93,7 +80,7 @@ def majority_baseline(labels: list[int]) -> float:
     return max(labels.count(c) for c in set(labels)) / len(labels)
 
 
-def log_model(setup: Setup, tracker: Any) -> Optional[str]:
+def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
     cfg = setup.cfg
     meta = inference.ModelMeta(cfg.data.text_column, cfg.data.text_pair_column, setup.dataset.label_names,
                                cfg.data.max_length)
@@ -106,33 +93,25 @@ def log_model(setup: Setup, tracker: Any) -> Optional[str]:
         return tracker.log_model(tmp, example)
 
 
-def prepare(cfg: Config, dataset: Optional[data_mod.Dataset] = None) -> tuple[data_mod.Dataset, Any]:
-    """Check everything that can be wrong with the input before any run starts (validation.check: data files,
-    columns and labels, model availability, batch size, tracking store), listing every problem at once. Returns
-    the dataset and the tokenizer. (HPO calls this once per study.)"""
-    checked = validation.check(cfg, dataset)
-    return checked.dataset, checked.tokenizer
-
-
-def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callback] = (), progress: bool = True,
+def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Callback] = (), progress: bool = True,
           device: Optional[hardware.DeviceInfo] = None, verbose: bool = True,
           dataset: Optional[data_mod.Dataset] = None) -> TrainResult:
     """Fine-tune per ``cfg``. With ``tracker=None`` a run is started and closed here; a tracker passed in (HPO's
     nested child run) is logged to but left open for its owner to close. ``dataset`` replaces loading
     ``cfg.data`` (k-fold passes each fold's split)."""
     device = device or hardware.detect()
-    checked = validation.check(cfg, dataset)  # every input problem at once, before a run exists
+    checked = prepare.check(cfg, dataset)  # every input problem at once, before a run exists
     dataset, tokenizer, resuming = checked.dataset, checked.tokenizer, checked.resume
     micro_batch, finder_params = batch_finder.resolve(cfg, device, dataset, tokenizer, verbose=verbose)
     resuming.check_batch(micro_batch, accumulation.plan(cfg.train.target_effective_batch, micro_batch)[0])
     owned = tracker is None
     if owned:
-        tracker = tracking.start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",
-                                 tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
-                                       "maxout.model": cfg.model.name, "maxout.data": cfg.data.name,
-                                       "maxout.run_key": resuming.run_key},
-                                 run_id=resuming.run_id, checked=True)
-    guard = tracking.closing(tracker) if owned else _no_close(tracker)
+        tracker = start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",
+                        tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
+                              "maxout.model": cfg.model.name, "maxout.data": cfg.data.name,
+                              "maxout.run_key": resuming.run_key},
+                        run_id=resuming.run_id)
+    guard = closing(tracker) if owned else _no_close(tracker)
     with guard:
         setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch)
         setup.oom.attach(tracker)  # out-of-memory recoveries are logged as they happen
@@ -168,12 +147,12 @@ def train(cfg: Config, tracker: Optional[Any] = None, callbacks: Sequence[Callba
 class _no_close:
     """For a tracker owned by the caller: tag the failure reason, leave closing to the owner."""
 
-    def __init__(self, tracker: Any):
+    def __init__(self, tracker: Tracker):
         self.tracker = tracker
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Tracker:
         return self.tracker
 
-    def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
-        if err is not None and not isinstance(err, (KeyboardInterrupt, tracking.Terminated)):
+    def __exit__(self, kind: object, err: Optional[BaseException], tb: object) -> None:
+        if err is not None and not isinstance(err, (KeyboardInterrupt, Terminated)):
             self.tracker.set_tags({"maxout.error": f"{type(err).__name__}: {err}"[:2000]})

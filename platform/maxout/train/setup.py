@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from transformers import get_scheduler
 
 from .. import data as data_mod
 from .. import modeling
 from ..config import Config
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
-from ..optimizations import Decision, decide
+from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import dataloader, deterministic, fast_dropout, freeze, fused_adamw, grad_clipping
 from ..optimizations import gradient_checkpointing, lora, precision as precision_opt, tf32
@@ -47,7 +48,7 @@ class Setup:
     oom: OOMRecovery = field(default_factory=OOMRecovery)  # halves the rows per forward on out-of-memory
 
     def decision(self, name: str) -> Decision:
-        return next(d for d in self.decisions if d.name == name)
+        return named(self.decisions, name)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -70,7 +71,7 @@ def resolve_micro_batch(cfg: Config) -> int:
     model to probe) and passes the result to build(micro_batch=...)."""
     batch = cfg.batch_size
     if batch == "auto":
-        raise ConfigError("batch_size=auto is resolved by maxout.batch_finder.resolve(); pass its micro-batch to "
+        raise ConfigError("batch_size=auto is resolved by maxout.train.batch_finder.resolve(); pass its micro-batch to "
                           "build(micro_batch=...), or set train.batch_size to a positive integer")
     return int(batch)
 
@@ -136,8 +137,6 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
 
 def build_optimizer(cfg: Config, device: DeviceInfo, model: torch.nn.Module, total_steps: int
                     ) -> tuple[torch.optim.Optimizer, Any, list[Decision]]:
-    from transformers import get_scheduler
-
     tr = cfg.train
     d_fused = decide("fused_adamw", cfg.hardware.fused_adamw, fused_adamw.supported(device))
     optimizer = fused_adamw.apply(model, tr.lr, tr.weight_decay, d_fused.effective)
@@ -163,23 +162,26 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
           micro_batch: Optional[int] = None) -> Setup:
     micro_batch = micro_batch or resolve_micro_batch(cfg)
     decisions = backend_decisions(cfg, device)
-    prec = decisions[0].effective
+    prec = named(decisions, "precision").effective
     model_config, model, d_model = build_model(cfg, device, dataset, tokenizer, prec)
     train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch)
     accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch)
     _, total = planned_steps(len(train_loader), accum_steps, cfg.train)
     optimizer, scheduler, d_optim = build_optimizer(cfg, device, model, total)
     forward, d_compile = build_compile(cfg, device, model)
+    decisions += d_model + d_data + [d_accum] + d_optim + d_compile
     d_dropout = decide("fast_dropout", cfg.hardware.fast_dropout,
-                       fast_dropout.supported(device, d_compile[0].effective, d_model[1].effective))
+                       fast_dropout.supported(device, named(decisions, "compile").effective,
+                                              named(decisions, "gradient_checkpointing").effective))
     if d_dropout.effective:
         forward = fast_dropout.apply(forward)
-    decisions += d_model + d_data + [d_accum] + d_optim + d_compile + [d_dropout]
+    decisions.append(d_dropout)
     setup = Setup(cfg=cfg, device=device, dataset=dataset, tokenizer=tokenizer, model_config=model_config,
                   model=model, forward=forward, optimizer=optimizer, scheduler=scheduler,
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
                   eval_loader=eval_loader, sampler=sampler, micro_batch=micro_batch, accum_steps=accum_steps,
-                  clip_norm=cfg.train.max_grad_norm if d_optim[1].effective else 0.0, decisions=decisions)
+                  clip_norm=cfg.train.max_grad_norm if named(decisions, "grad_clipping").effective else 0.0,
+                  decisions=decisions)
     counts = modeling.count_parameters(model)
     setup.derived = {
         "micro_batch": micro_batch, "accumulation_steps": accum_steps, "effective_batch": micro_batch * accum_steps,

@@ -1,43 +1,91 @@
-"""Checks made before a run starts: will the tracking server and the artifact store accept it?
+"""Checks made before a run starts: will the tracking store and the artifact store accept it?
 
 Without them a platform mistake surfaces late and slowly: MLflow retries a failing request for minutes
 (7 retries with exponential back-off), and a run that started before its artifact store turned out to be missing
 ends FAILED with half its artifacts. Each check here costs one request, fails in seconds, names the bad value
 and the fix in one line, and runs before any run exists:
 
-- the server accepts the credentials (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD);
-- the experiment's artifact store answers: for proxied artifacts (``mlflow-artifacts:``) the server lists the
-  experiment's folder in its bucket; for direct S3 (``s3://``) the client asks the endpoint for the bucket.
+- ``store_problems``, before a run exists (train/prepare.py runs it once per command): the URI names a store
+  MLflow 3 can use, an SQLite store's folder is writable, the server answers (``store.check_reachable``) and
+  accepts the credentials (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD), MLFLOW_EXPERIMENT_ID, when set,
+  names an experiment of that store, and the spool folder can hold the run's journal;
+- ``check_artifact_store``, when a run is started (its experiment known): the experiment's artifact store answers.
+  For proxied artifacts (``mlflow-artifacts:``) the server lists the experiment's folder in its bucket; for direct
+  S3 (``s3://``) the client asks the endpoint for the bucket.
 
-Reachability itself is ``tracking.check_reachable``. Credentials never appear in a message: only the user name.
+Credentials never appear in a message: only the user name.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from .errors import MaxoutError
+import boto3
+import mlflow
+import requests
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+from mlflow.exceptions import MlflowException
+from mlflow.utils.credentials import get_default_host_creds
+from mlflow.utils.rest_utils import http_request
+
+from ..config import TrackingConfig
+from ..errors import ConfigError, MaxoutError, collect
+from ..paths import check_writable
+from . import spool
+from .redact import redact
+from .store import STORE_SCHEMES, check_reachable, is_http, resolve_uri, uri_source
 
 PROBE_TIMEOUT_S = 30
 _ARTIFACTS_API = "/api/2.0/mlflow-artifacts/artifacts"
 
 
-def _is_http(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
+def store_problems(cfg: TrackingConfig, ready: bool = True) -> list[MaxoutError]:
+    """Everything wrong with the tracking store ``cfg`` resolves to, and with the run's spool folder, as a list
+    (empty: they will take the run). ``ready``: nothing else is wrong with the command, so the experiment lookup (a
+    store query) is worth making."""
+    problems = _uri_problems(cfg, ready)
+    collect(problems, check_writable, Path(cfg.spool_dir or spool.default_dir()), "tracking.spool_dir")
+    return problems
+
+
+def _uri_problems(cfg: TrackingConfig, ready: bool) -> list[MaxoutError]:
+    uri, _ = resolve_uri(cfg)
+    source = uri_source()
+    scheme = urlparse(uri).scheme.split("+")[0]
+    if scheme not in STORE_SCHEMES and not (scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE")):
+        return [ConfigError(f"{source}={redact(uri)!r} is not a tracking store MLflow 3 can use (valid schemes: "
+                            f"{', '.join(STORE_SCHEMES)}); use e.g. sqlite:///mlruns/mlflow.db or http://host:5000")]
+    problems: list[MaxoutError] = []
+    if scheme == "sqlite":
+        collect(problems, check_writable, Path(uri.split(":///", 1)[-1]).parent, f"the directory of {source}")
+    if collect(problems, check_reachable, uri) is None or not collect(problems, check_credentials, uri):
+        return problems
+    experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    if experiment_id and ready and not problems:
+        collect(problems, _experiment_exists, uri, experiment_id)
+    return problems
+
+
+def _experiment_exists(uri: str, experiment_id: str) -> None:
+    # A SQLite store that does not exist yet holds no experiment (and asking would create it, noisily).
+    exists = not uri.startswith("sqlite:") or Path(uri.split(":///", 1)[-1]).is_file()
+    if exists:
+        try:
+            mlflow.MlflowClient(uri).get_experiment(experiment_id)
+        except MlflowException:
+            exists = False
+    if not exists:
+        raise ConfigError(f"MLFLOW_EXPERIMENT_ID={experiment_id!r} is not an experiment in {redact(uri)}; unset "
+                          f"it, or set MLFLOW_EXPERIMENT_NAME instead")
 
 
 def _get(uri: str, endpoint: str, params: dict) -> Any:
     """One GET with MLflow's own client credentials, no retries, and any status returned as it came (MLflow would
     retry a 500 for minutes)."""
-    import requests
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils.credentials import get_default_host_creds
-    from mlflow.utils.rest_utils import http_request
-
-    from .tracking import redact
-
     try:
         return http_request(get_default_host_creds(uri), endpoint, "GET", max_retries=0, retry_codes=frozenset(),
                             timeout=PROBE_TIMEOUT_S, params=params)
@@ -56,10 +104,8 @@ def _server_message(resp: Any) -> str:
 
 def check_credentials(uri: str) -> None:
     """An authenticated read: 401 (unknown user or wrong password) and 403 become one-line errors."""
-    if not _is_http(uri):
+    if not is_http(uri):
         return
-    from .tracking import redact
-
     resp = _get(uri, "/api/2.0/mlflow/experiments/search", {"max_results": 1})
     if resp.status_code == 200:
         return
@@ -78,15 +124,13 @@ def check_credentials(uri: str) -> None:
 def check_artifact_store(uri: str, artifact_location: Optional[str]) -> None:
     """The experiment's artifact root answers a listing: proxied through the server, or direct on S3."""
     scheme = urlparse(artifact_location or "").scheme
-    if scheme == "mlflow-artifacts" and _is_http(uri):
+    if scheme == "mlflow-artifacts" and is_http(uri):
         _check_proxied(uri, artifact_location)
     elif scheme == "s3":
         _check_s3(artifact_location)
 
 
 def _check_proxied(uri: str, location: str) -> None:
-    from .tracking import redact
-
     path = urlparse(location).path.lstrip("/")
     resp = _get(uri, _ARTIFACTS_API, {"path": path})
     if resp.status_code != 200:
@@ -101,15 +145,11 @@ def s3_endpoint() -> Optional[str]:
 
 def _check_s3(location: str) -> None:
     """Direct mode: the client uploads with its own boto3 credentials, so the client checks the bucket."""
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
-
     bucket = urlparse(location).netloc
     endpoint = s3_endpoint()
     where = endpoint or "AWS S3"
     client = boto3.client("s3", endpoint_url=endpoint,
-                          config=Config(connect_timeout=5, read_timeout=PROBE_TIMEOUT_S,
+                          config=BotoConfig(connect_timeout=5, read_timeout=PROBE_TIMEOUT_S,
                                         retries={"max_attempts": 2, "mode": "standard"}))
     try:
         client.head_bucket(Bucket=bucket)

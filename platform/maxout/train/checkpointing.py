@@ -20,8 +20,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .config import CheckpointConfig
-from .train.callbacks import Callback, TrainState
+from ..config import CheckpointConfig
+from ..tracking.tracker import Tracker
+from .callbacks import Callback, TrainState
+from .setup import Setup
 
 log = logging.getLogger("maxout")
 FORMAT = 1
@@ -94,7 +96,7 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def capture(setup: Any, state: TrainState, position: tuple[int, int], meta: dict) -> dict:
+def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: dict) -> dict:
     """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it)."""
     counters = {"step": state.step, "epoch": position[0], "batches_in_epoch": position[1],
                 "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
@@ -104,7 +106,7 @@ def capture(setup: Any, state: TrainState, position: tuple[int, int], meta: dict
             "scaler": setup.precision.scaler.state_dict(), "rng": rng_states()}
 
 
-def restore(setup: Any, payload: dict) -> TrainState:
+def restore(setup: Setup, payload: dict) -> TrainState:
     """Load a payload into a freshly built Setup; returns the TrainState that fit() continues from."""
     setup.model.load_state_dict(payload["model"])
     setup.optimizer.load_state_dict(payload["optimizer"])
@@ -118,7 +120,7 @@ def restore(setup: Any, payload: dict) -> TrainState:
 class Checkpointer(Callback):
     """Saves into ``directory`` every N steps and at each epoch end; keeps the last ``keep_last``."""
 
-    def __init__(self, setup: Any, tracker: Any, cfg: CheckpointConfig, directory: Path, meta: dict):
+    def __init__(self, setup: Setup, tracker: Tracker, cfg: CheckpointConfig, directory: Path, meta: dict):
         self.setup, self.tracker, self.cfg, self.directory, self.meta = setup, tracker, cfg, directory, meta
         self.batches_per_epoch = len(setup.train_loader)
 

@@ -9,7 +9,7 @@ config except ``resume``, so the same command gives the same key; it is also the
 - ``resume=<run id>``: that run, which must have a checkpoint and the same config (key).
 
 The continued run keeps its MLflow run id; its params are identical (same config and data), and the steps
-replayed after the checkpoint do not log again what the run already has (tracking.MLflowTracker).
+replayed after the checkpoint do not log again what the run already has (tracking/mlflow_run.MLflowTracker).
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config import Config, to_dict
+from ..errors import ConfigError, DataError, MaxoutError
+from ..paths import resolve_path
+from ..tracking.tracker import Tracker
 from . import checkpointing
-from .config import Config, to_dict
-from .data import resolve_path
-from .errors import ConfigError, DataError, MaxoutError
+from .callbacks import Callback, TrainState
+from .setup import Setup
 
 
 def run_key(cfg: Config) -> str:
@@ -70,13 +73,13 @@ class Plan:
                               f"accumulation steps, this run would have {micro_batch} x {accum_steps} (the batch "
                               f"finder's choice here); resume it on the device it was saved on, or start a new run")
 
-    def restore(self, setup: Any) -> Optional[Any]:
+    def restore(self, setup: Setup) -> Optional[TrainState]:
         """The TrainState to continue from (model, optimizer, RNG restored into ``setup``), or None."""
         if self.checkpoint is None:
             return None
         return checkpointing.restore(setup, self.payload)
 
-    def checkpointer(self, setup: Any, tracker: Any) -> list:
+    def checkpointer(self, setup: Setup, tracker: Tracker) -> list[Callback]:
         if not self.cfg.checkpoint.enabled:
             return []
         directory = self.directory(tracker.run_id)

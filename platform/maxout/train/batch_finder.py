@@ -38,13 +38,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import psutil
 import torch
 
-from . import data as data_mod
-from .config import Config
-from .errors import ConfigError, OutOfMemory
-from .hardware import DeviceInfo
-from .optimizations import compile as compile_opt, decide, precision as precision_opt
+from .. import data as data_mod
+from ..config import Config
+from ..errors import ConfigError, OutOfMemory
+from ..hardware import DeviceInfo
+from ..metrics import Throughput
+from ..optimizations import compile as compile_opt, decide, precision as precision_opt
+from ..paths import resolve_path
+from .loop import train_step
+from .oom import free_cached
+from .setup import Setup, build, build_collator, resolve_micro_batch
 from .tensor_memory import GIB, TensorMemory, training_state
 
 
@@ -131,14 +137,12 @@ class Result:
 class StepProbe:
     """``probe(rows) -> fits``: one real training step at ``rows`` copies of the longest training row."""
 
-    def __init__(self, setup: Any, target: int, budget_bytes: Optional[float]):
-        from . import metrics
-
+    def __init__(self, setup: Setup, target: int, budget_bytes: Optional[float]):
         self.s, self.target, self.budget = setup, target, budget_bytes
         encoded = setup.train_loader.dataset
         self.row = encoded[max(range(len(encoded)), key=encoded.lengths.__getitem__)]
         self.collate = setup.train_loader.collate_fn
-        self.meter = metrics.Throughput(setup.device.torch_device)
+        self.meter = Throughput(setup.device.torch_device)
         self.peaks: dict[int, Optional[int]] = {}
         setup.oom.enabled = False  # here an out-of-memory error is the answer, not something to recover from
         self._prime_optimizer()
@@ -146,8 +150,6 @@ class StepProbe:
     @classmethod
     def build(cls, cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any, target: int,
               budget_bytes: Optional[float]) -> "StepProbe":
-        from .train.setup import build
-
         if not device.is_cuda:  # the CPU meter counts eager tensors; a compile would only cost time here
             cfg = replace(cfg, hardware=replace(cfg.hardware, compile=False))
         return cls(build(cfg, device, dataset, tokenizer, micro_batch=1), target, budget_bytes)
@@ -166,9 +168,6 @@ class StepProbe:
 
     def peak_bytes(self, rows: int, limit_bytes: Optional[float] = None) -> Optional[int]:
         """Peak memory of one step at ``rows`` (CUDA allocated, or CPU tensor bytes); None when it did not fit."""
-        from .train import oom
-        from .train.loop import train_step
-
         s, device_type = self.s, self.s.device.torch_device
         batch = self.collate([self.row] * rows)
         group = [batch, batch] if rows < self.target else [batch]
@@ -188,7 +187,7 @@ class StepProbe:
             pass
         if peak is None:  # outside the handler: the traceback no longer pins the failed step's tensors
             s.optimizer.zero_grad(set_to_none=True)
-            oom.free_cached(device_type)
+            free_cached(device_type)
         return peak
 
     def __call__(self, rows: int) -> bool:
@@ -196,18 +195,16 @@ class StepProbe:
         return self.peaks[rows] is not None
 
     def close(self) -> None:
-        from .train import oom
-
         device_type = self.s.device.torch_device
         del self.s
-        oom.free_cached(device_type)
+        free_cached(device_type)
 
 
 # ------------------------------------------------------------------------------------------------ cache
 
 
 def cache_file(cfg: Config) -> Path:
-    return data_mod.resolve_path(cfg.batch_finder.cache_path or "mlruns/batch_finder.json")
+    return resolve_path(cfg.batch_finder.cache_path or "mlruns/batch_finder.json")
 
 
 def cache_key(cfg: Config, device: DeviceInfo, sequence_length: int, budget_bytes: Optional[float]) -> str:
@@ -263,16 +260,12 @@ def budget_bytes(cfg: Config, device: DeviceInfo) -> Optional[float]:
         return None
     if cfg.batch_finder.memory_budget_gb is not None:
         return cfg.batch_finder.memory_budget_gb * GIB
-    import psutil
-
     # Whole GiB, so the cache key (which names the budget) stays the same while free memory drifts a little.
     return float(max(1, int(psutil.virtual_memory().available // GIB)) * GIB)
 
 
 def longest_length(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any) -> int:
     """The padded length of the longest training row: what the run's widest batch will be."""
-    from .train.setup import build_collator
-
     if cfg.data.padding == "max_length":
         return int(build_collator(cfg, device, tokenizer)([{"input_ids": [0], "labels": 0}])["input_ids"].shape[1])
     encoded = data_mod.encode(tokenizer, dataset.train, cfg.data.max_length)
@@ -359,8 +352,6 @@ def _no_fit(cfg: Config, device: DeviceInfo, length: int, budget: Optional[float
 def resolve(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
             verbose: bool = True) -> tuple[int, dict[str, str]]:
     """The run's micro-batch and the params that explain it: the configured batch, or the finder's answer."""
-    from .train.setup import resolve_micro_batch
-
     if cfg.batch_size != "auto":
         return resolve_micro_batch(cfg), {}
     result = find(cfg, device, dataset, tokenizer)

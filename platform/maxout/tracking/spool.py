@@ -21,8 +21,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from .config import project_root
-from .errors import USAGE, MaxoutError
+import mlflow
+import requests
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+
+from ..errors import USAGE, MaxoutError
+from ..paths import local_dir
+from .redact import redact
 
 log = logging.getLogger("maxout")
 
@@ -35,7 +41,7 @@ SENDER_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIME
 
 
 def default_dir() -> Path:
-    return project_root() / "mlruns" / "spool"
+    return local_dir() / "spool"
 
 
 def path_for(run_id: str, directory: Optional[str] = None) -> Path:
@@ -137,8 +143,6 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 def send(client: Any, run_id: str, record: dict) -> None:
-    from mlflow.entities import Metric, Param, RunTag
-
     if "end" in record:
         client.set_terminated(run_id, status=record["end"]["status"], end_time=record["end"]["end_time"])
         return
@@ -149,9 +153,6 @@ def send(client: Any, run_id: str, record: dict) -> None:
 
 def unreachable(err: BaseException) -> bool:
     """A failure worth retrying later (no connection, timeout, 5xx), as opposed to a request MLflow refuses."""
-    import requests
-    from mlflow.exceptions import MlflowException
-
     if isinstance(err, (requests.RequestException, ConnectionError, TimeoutError)):
         return True
     return isinstance(err, MlflowException) and err.get_http_status_code() >= 500
@@ -238,8 +239,6 @@ class Sender:
 
 def replay(path: Path, tracking_uri: Optional[str] = None) -> int:
     """Deliver a spool file left by a run whose server never came back; returns how many records were sent."""
-    import mlflow
-
     spool = Spool(path)
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or spool.tracking_uri
     if not uri or "***" in uri:
@@ -249,13 +248,7 @@ def replay(path: Path, tracking_uri: Optional[str] = None) -> int:
     sender = Sender(mlflow.MlflowClient(uri), spool)
     if not sender.deliver():
         reason = sender.error or "unreachable"
-        raise MaxoutError(f"replay of {path} to {_redact(uri)} stopped ({reason}); "
+        raise MaxoutError(f"replay of {path} to {redact(uri)} stopped ({reason}); "
                           f"{len(spool.pending())} records kept, run `maxout tracking replay {path}` again")
     spool.remove()
     return before
-
-
-def _redact(uri: str) -> str:
-    from .tracking import redact
-
-    return redact(uri)

@@ -1,7 +1,7 @@
 """Downstream inference: a registered model (``models:/NAME@champion``) on a CSV / JSONL / Parquet file.
 
 The model is loaded through its pyfunc (``mlflow.pyfunc.load_model``), exactly what ``mlflow models serve`` runs,
-and predicts with the wrapped :class:`maxout.inference.Predictor` (batched, sorted by length, with a progress
+and predicts with the wrapped :class:`maxout.serving.inference.Predictor` (batched, sorted by length, with a progress
 bar). Output: ``label`` plus one ``prob_<label>`` column per class, one row per input row, in input order.
 """
 
@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import mlflow
 import pandas as pd
+from mlflow.exceptions import MlflowException
 
-from . import registry
-from .data import READERS, read_table
-from .errors import MaxoutError
-from .inference import InputError, Predictor
+from ..data import READERS, read_table
+from ..errors import MaxoutError
+from ..serving.inference import InputError, Predictor
+from .client import connect, model_version
 
 # models:/NAME@alias or models:/NAME/VERSION (models:/m-<id> names a logged model, not a registered one)
 _REGISTERED = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
@@ -32,13 +34,10 @@ def registered_ref(model_uri: str) -> Optional[tuple[str, str]]:
 
 def load(model_uri: str, tracking_uri: str) -> Predictor:
     """The Predictor inside a logged or registered maxout model; one-line errors for unknown names/aliases."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    client = registry.connect(tracking_uri)
+    client = connect(tracking_uri)
     ref = registered_ref(model_uri)
     if ref:
-        registry.model_version(client, *ref)  # "no registered model 'X' (registered: ...)" and the like
+        model_version(client, *ref)  # "no registered model 'X' (registered: ...)" and the like
     try:
         model = mlflow.pyfunc.load_model(model_uri)
     except (MlflowException, OSError) as err:

@@ -2,13 +2,13 @@
 speed-ups and memory ratios instead of guesses.
 
 Each cell of the grid (``--grid "precision=fp32,bf16 compile=off,on"``; by default every value of every axis in
-AXES) is one training run (one epoch, or ``--steps`` optimizer steps) and one nested MLflow run under a parent
+grid.AXES) is one training run (one epoch, or ``--steps`` optimizer steps) and one nested MLflow run under a parent
 run, all in one experiment. Cells run one after another in one process, in ``--repeats`` interleaved rounds, so a
 noisy, shared machine slows every cell alike and the ratios stay comparable. Throughput is the steady state
 (perf/steady_*: the first train.warmup_steps_excluded steps, compile and allocator warm-up, are left out).
 
 Memory: on a GPU, torch's peak allocated memory over the run. On a CPU, the peak tensor bytes of the run's worst
-step (the longest training rows, counted by tensor_memory.TensorMemory in eager mode, so compiled cells show eager
+step (the longest training rows, counted by train/tensor_memory.TensorMemory in eager mode, so compiled cells show eager
 memory there): process RSS cannot be reset between cells.
 
 A cell the device cannot honour (fp16 or compile or fused AdamW where unsupported, bucketing with
@@ -18,8 +18,6 @@ gets the comparison table (markdown and CSV) and bar charts (PNG).
 
 from __future__ import annotations
 
-import copy
-import itertools
 import math
 import statistics
 import sys
@@ -28,88 +26,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .errors import ConfigError, one_of
+import pandas as pd
+import torch
 
-BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+from .. import hardware, loading
+from ..config import Config
+from ..data import Dataset
+from ..errors import ConfigError
+from ..hardware import DeviceInfo
+from ..optimizations import bucketing, compile as compile_opt, fast_dropout, fused_adamw, precision as precision_opt
+from ..tracking.params import device_params
+from ..tracking.tracker import closing, start
+from ..train import prepare, train
+from ..train.batch_finder import StepProbe
+from ..train.oom import free_cached
+from ..train.setup import Setup
+from ..train.tensor_memory import GIB
+from .grid import Cell, cells, parse_grid, show
 
-
-@dataclass(frozen=True)
-class Axis:
-    key: str  # the config key the axis sets
-    values: tuple  # every valid value, baseline first
-
-
-AXES: dict[str, Axis] = {
-    "precision": Axis("hardware.precision", ("fp32", "fp16", "bf16")),
-    "compile": Axis("hardware.compile", (False, True)),
-    "gradient_checkpointing": Axis("hardware.gradient_checkpointing", (False, True)),
-    "bucketing": Axis("data.bucketing", (False, True)),
-    "fused_adamw": Axis("hardware.fused_adamw", (False, True)),
-    "fast_dropout": Axis("hardware.fast_dropout", (False, True)),
-}
-# The decision (optimizations.NAMES) that tells whether a cell's request was honoured.
-def parse_grid(spec: Optional[str]) -> dict[str, tuple]:
-    """``"precision=fp32,bf16 compile=off,on"`` -> {"precision": ("fp32", "bf16"), "compile": (False, True)}.
-    None or empty: every value of every axis."""
-    if not spec or not spec.strip():
-        return {name: axis.values for name, axis in AXES.items()}
-    grid: dict[str, tuple] = {}
-    for token in spec.replace(";", " ").split():
-        name, sep, raw = token.partition("=")
-        if not sep or not raw:
-            raise ConfigError(f"grid entry {token!r} is malformed: write axis=value1,value2 "
-                              f"(axes: {', '.join(AXES)})")
-        if name not in AXES:
-            raise ConfigError(f"unknown grid key {one_of(name, AXES)}")
-        if name in grid:
-            raise ConfigError(f"grid key {name!r} is given twice: list all its values once, e.g. {name}=a,b")
-        grid[name] = tuple(_value(name, v) for v in raw.split(",") if v)
-    return grid
-
-
-def _value(axis: str, raw: str) -> Any:
-    valid = AXES[axis].values
-    if isinstance(valid[0], bool):
-        if raw.lower() not in BOOLS:
-            raise ConfigError(f"grid {axis}={raw!r} is invalid (valid: on, off, true, false)")
-        return BOOLS[raw.lower()]
-    if raw not in valid:
-        raise ConfigError(f"grid {axis}={raw!r} is invalid (valid: {', '.join(valid)})")
-    return raw
-
-
-@dataclass(frozen=True)
-class Cell:
-    values: tuple  # ((axis, value), ...) in grid order
-
-    @property
-    def name(self) -> str:
-        return " ".join(f"{a}={_show(v)}" for a, v in self.values)
-
-    def apply(self, base: Any) -> Any:
-        """``base`` (a typed Config) with this cell's settings, validated; the same keys as the overrides
-        ``hardware.precision=bf16 ...`` (cheaper than composing Hydra once per cell)."""
-        cfg = copy.deepcopy(base)
-        for axis, value in self.values:
-            section, key = AXES[axis].key.split(".")
-            setattr(getattr(cfg, section), key, value)
-        return cfg.validate()
-
-
-def _show(value: Any) -> str:
-    return ("on" if value else "off") if isinstance(value, bool) else str(value)
-
-
-def cells(grid: dict[str, tuple]) -> list[Cell]:
-    names = list(grid)
-    return [Cell(tuple(zip(names, combo))) for combo in itertools.product(*(grid[n] for n in names))]
-
-
-def skip_reason(cell: Cell, device: Any, cfg: Any) -> str:
+def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config) -> str:
     """Why the device cannot honour ``cell`` (empty: it can), from the optimizations' own checks."""
-    from .optimizations import bucketing, compile as compile_opt, fast_dropout, fused_adamw
-    from .optimizations import precision as precision_opt
-
     asked = dict(cell.values)
     checks = {"compile": lambda: compile_opt.supported(device), "fused_adamw": lambda: fused_adamw.supported(device),
               "bucketing": lambda: bucketing.supported(cfg.data.padding),
@@ -155,19 +91,18 @@ class Report:
 
 
 def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: Optional[int] = None,
-        repeats: int = 1, out_dir: Optional[str] = None, device: Any = None, progress: bool = True) -> Report:
+        repeats: int = 1, out_dir: Optional[str] = None, device: Optional[DeviceInfo] = None,
+        progress: bool = True) -> Report:
     """Run the grid on ``overrides`` (the base config) and return the comparison. ``steps`` None: one epoch per
     cell (length bucketing sorts each megabatch longest first, so only whole megabatches measure it fairly). A bad
     grid or config is a ConfigError before anything runs."""
-    from . import config, data as data_mod, hardware, tracking
-
     if (steps is not None and steps < 1) or repeats < 1:
         raise ConfigError(f"benchmark steps={steps} and repeats={repeats} must both be >= 1")
     grid = parse_grid(grid_spec)
     device = device or hardware.detect()
     fixed = ([f"train.max_steps={steps}", "train.epochs=1000"] if steps else ["train.max_steps=-1", "train.epochs=1"])
     fixed.append("tracking.log_model=false")
-    base = config.load([*overrides, *fixed], device=device)
+    base = loading.load([*overrides, *fixed], device=device)
     if steps is not None and steps <= base.train.warmup_steps_excluded:
         raise ConfigError(f"benchmark steps={steps} leaves no steady state after train.warmup_steps_excluded="
                           f"{base.train.warmup_steps_excluded}: use more steps")
@@ -177,18 +112,18 @@ def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: O
         rows.append(Row(cell, "skipped", why) if why else Row(cell))
     runnable = [r for r in rows if r.status == "ok"]
     configs = {r.cell: r.cell.apply(base) for r in runnable}
-    dataset = data_mod.load(base.data)
+    dataset = prepare.check(base).dataset  # data, model and tracking store, before the parent run exists
     memory_source = "CUDA peak allocated" if device.is_cuda else "CPU peak tensor bytes of the worst step (eager)"
     out = Path(out_dir or tempfile.mkdtemp(prefix="maxout-benchmark-"))
     out.mkdir(parents=True, exist_ok=True)
-    parent = tracking.start(base.tracking, run_name=f"benchmark-{base.model.name}-{base.hardware.name}",
-                            tags={"maxout.command": "benchmark", "maxout.model": base.model.name,
-                                  "maxout.data": base.data.name, "maxout.hardware_profile": base.hardware.name})
-    with tracking.closing(parent):
-        parent.log_params({"benchmark.grid": " ".join(f"{a}={','.join(map(_show, v))}" for a, v in grid.items()),
+    parent = start(base.tracking, run_name=f"benchmark-{base.model.name}-{base.hardware.name}",
+                   tags={"maxout.command": "benchmark", "maxout.model": base.model.name,
+                         "maxout.data": base.data.name, "maxout.hardware_profile": base.hardware.name})
+    with closing(parent):
+        parent.log_params({"benchmark.grid": " ".join(f"{a}={','.join(map(show, v))}" for a, v in grid.items()),
                            "benchmark.steps": str(steps or "one epoch"), "benchmark.repeats": str(repeats),
                            "benchmark.overrides": " ".join(overrides), "benchmark.memory": memory_source,
-                           "device.name": device.name, "device.kind": device.kind})
+                           **device_params(device)})
         for repeat in range(repeats):  # rounds interleave the cells: machine noise hits every cell alike
             for i, row in enumerate(runnable):
                 if row.status != "ok":
@@ -210,17 +145,14 @@ def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: O
     return Report(rows, baseline, table, files, parent.run_id, memory_source)
 
 
-def _run_cell(row: Row, cfg: Any, device: Any, dataset: Any, repeat: int, repeats: int) -> None:
-    from . import tracking
-    from .train import train
-
+def _run_cell(row: Row, cfg: Config, device: DeviceInfo, dataset: Dataset, repeat: int, repeats: int) -> None:
     _fresh_process_state(cfg, device)
     name = row.cell.name + (f" #{repeat + 1}" if repeats > 1 else "")
-    child = tracking.start(cfg.tracking, run_name=name, nested=True, system_metrics=False,
-                           tags={"maxout.command": "benchmark-cell", "maxout.cell": row.cell.name,
-                                 "maxout.repeat": str(repeat + 1)})
+    child = start(cfg.tracking, run_name=name, nested=True, system_metrics=False,
+                  tags={"maxout.command": "benchmark-cell", "maxout.cell": row.cell.name,
+                        "maxout.repeat": str(repeat + 1)})
     try:
-        with tracking.closing(child):  # FAILED with the reason, or KILLED on Ctrl-C (which also stops the grid)
+        with closing(child):  # FAILED with the reason, or KILLED on Ctrl-C (which also stops the grid)
             result = train(cfg, tracker=child, progress=False, device=device, verbose=False, dataset=dataset)
             metrics = dict(result.metrics)
             if not device.is_cuda:
@@ -241,23 +173,15 @@ def _run_cell(row: Row, cfg: Any, device: Any, dataset: Any, repeat: int, repeat
     row.samples.append(metrics)
 
 
-def _fresh_process_state(cfg: Any, device: Any) -> None:
+def _fresh_process_state(cfg: Config, device: DeviceInfo) -> None:
     """Each cell starts clean: a compiled cell compiles from scratch (dynamo would also hit its recompile limit
     after a few cells and silently run eager), and no device memory stays cached from the previous cell."""
-    import torch
-
-    from .train.oom import free_cached
-
     if cfg.hardware.compile:
         torch._dynamo.reset()
     free_cached(device.torch_device)
 
 
-def _cpu_step_memory(setup: Any, cfg: Any) -> float:
-    from .batch_finder import StepProbe
-    from .optimizations import fast_dropout
-    from .tensor_memory import GIB
-
+def _cpu_step_memory(setup: Setup, cfg: Config) -> float:
     # Count eager tensors (a compiled graph allocates outside the dispatcher); fast dropout's masks are its own.
     setup.forward = fast_dropout.apply(setup.model) if setup.decision("fast_dropout").effective else setup.model
     probe = StepProbe(setup, target=cfg.train.target_effective_batch or setup.micro_batch, budget_bytes=None)
@@ -276,15 +200,13 @@ def speedups(row: Row, baseline: Row) -> list[float]:
 def comparison(rows: Sequence[Row], baseline: Optional[Row]) -> Any:
     """One line per cell: medians over repeats, speed-up (median of the per-round ratios, and their range) and
     memory ratio vs the baseline cell."""
-    import pandas as pd
-
     base_mem = _memory(baseline) if baseline else None
     records = []
     for row in rows:
         mem = _memory(row)
         ratios = speedups(row, baseline) if baseline and row.samples else []
         records.append({
-            "cell": row.cell.name, **{a: _show(v) for a, v in row.cell.values}, "status": row.status,
+            "cell": row.cell.name, **{a: show(v) for a, v in row.cell.values}, "status": row.status,
             "steady samples/s": row.median("perf/steady_samples_per_s"),
             "steady tokens/s": row.median("perf/steady_tokens_per_s"),
             "speed-up": statistics.median(ratios) if ratios else None,
@@ -299,8 +221,8 @@ def _memory(row: Row) -> Optional[float]:
     return row.median("mem/peak_allocated_gb") or row.median("mem/peak_tensor_gb")
 
 
-def write(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: Optional[int], repeats: int,
-          out: Path) -> dict:
+def write(table: Any, baseline: Optional[Row], memory_source: str, device: DeviceInfo, steps: Optional[int],
+          repeats: int, out: Path) -> dict:
     files = {"markdown": out / "benchmark.md", "csv": out / "benchmark.csv",
              "speedup_png": out / "speedup.png", "memory_png": out / "memory.png"}
     table.to_csv(files["csv"], index=False)
@@ -310,7 +232,7 @@ def write(table: Any, baseline: Optional[Row], memory_source: str, device: Any, 
     return files
 
 
-def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: Any, steps: Optional[int],
+def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: DeviceInfo, steps: Optional[int],
              repeats: int) -> str:
     head = ["Cell", "Samples/s", "Tokens/s", "Speed-up", "Per round", "Peak memory (GiB)", "Memory ratio", "MFU",
             "GPU util %", "Compile (s)", "Note"]
@@ -345,10 +267,10 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
 
 
 def plot(table: Any, column: str, title: str, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: 0.6 s to import, and only the charts need it
 
-    matplotlib.use("Agg")  # no display on servers and in CI
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")  # no display on servers and in CI; chosen before pyplot is imported
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
     ran = table[table[column].notna()]
     fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(ran), 1) + 1.5))

@@ -13,21 +13,19 @@ from typing import Any, Optional
 
 import mlflow
 import pandas as pd
+from mlflow.exceptions import INVALID_PARAMETER_VALUE, MlflowException
+from mlflow.models import infer_signature
 
-PACKAGE_DIR = Path(__file__).parent
+from .inference import InputError, Predictor
+
+PACKAGE_DIR = Path(__file__).parents[1]  # the whole maxout package travels inside the model (code_paths)
 
 
 class TextClassifier(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
-        from maxout.inference import Predictor
-
         self.predictor = Predictor.from_dir(context.artifacts["model"])
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> pd.DataFrame:
-        from mlflow.exceptions import INVALID_PARAMETER_VALUE, MlflowException
-
-        from maxout.inference import InputError
-
         if not isinstance(model_input, pd.DataFrame):
             model_input = pd.DataFrame(model_input)
         batch_size = int((params or {}).get("batch_size", 64))
@@ -51,10 +49,6 @@ def requirements() -> list[str]:
 
 def log_model(model_dir: str, example: Optional[pd.DataFrame] = None) -> Any:
     """Log ``model_dir`` (see inference.save) as the run's pyfunc model; returns MLflow's ModelInfo."""
-    from mlflow.models import infer_signature
-
-    from .inference import Predictor
-
     signature = None
     if example is not None:
         predictor = Predictor.from_dir(model_dir, device="cpu")

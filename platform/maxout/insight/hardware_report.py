@@ -10,16 +10,20 @@ from __future__ import annotations
 import platform
 from typing import Optional
 
-from .config import Config
-from .errors import MaxoutError
-from .hardware import DeviceInfo
+import torch
+from rich.table import Table
+
+from .. import data as data_mod, modeling
+from ..config import Config
+from ..errors import MaxoutError
+from ..hardware import DeviceInfo, load_profiles, pick_profile
+from ..optimizations import accumulation, compile as compile_opt, cudnn_benchmark, dataloader, fast_dropout
+from ..optimizations import fused_adamw, precision as precision_opt, tf32
+from ..train import batch_finder
 
 
 def support(device: DeviceInfo) -> dict[str, dict]:
     """Each speed-up the device can or cannot use, with the optimizations' own reasons."""
-    from .optimizations import compile as compile_opt, cudnn_benchmark, dataloader, fast_dropout, fused_adamw
-    from .optimizations import precision as precision_opt, tf32
-
     checks = {
         "bf16 autocast": precision_opt.supported("bf16", device),
         "fp16 autocast + GradScaler": precision_opt.supported("fp16", device),
@@ -36,8 +40,6 @@ def support(device: DeviceInfo) -> dict[str, dict]:
 
 
 def versions(device: DeviceInfo) -> dict[str, Optional[str]]:
-    import torch
-
     return {"python": platform.python_version(), "torch": device.torch_version, "cuda (torch build)":
             device.cuda_version or torch.version.cuda, "cudnn": str(device.cudnn_version or "") or None,
             "driver": device.driver_version}
@@ -45,9 +47,6 @@ def versions(device: DeviceInfo) -> dict[str, Optional[str]]:
 
 def recommended_batch(cfg: Config, device: DeviceInfo, search: bool = True) -> dict:
     """The batch finder's answer for ``cfg`` (cached, or a quick search); an ``error`` entry when it has none."""
-    from . import batch_finder, data as data_mod, modeling
-    from .optimizations import accumulation
-
     try:
         dataset = data_mod.load(cfg.data)
         tokenizer = modeling.load_tokenizer(cfg.model)
@@ -68,8 +67,6 @@ def recommended_batch(cfg: Config, device: DeviceInfo, search: bool = True) -> d
 
 
 def report(cfg: Config, device: DeviceInfo, search: bool = True) -> dict:
-    from .hardware import load_profiles, pick_profile
-
     profile, why = pick_profile(device, load_profiles())
     out = {"device": device.to_dict(), "support": support(device), "versions": versions(device),
            "auto_profile": {"name": profile, "why": why}, "configured": {
@@ -82,8 +79,6 @@ def report(cfg: Config, device: DeviceInfo, search: bool = True) -> dict:
 
 def render(rep: dict) -> list:
     """Rich renderables: device, support, versions, profile and batch."""
-    from rich.table import Table
-
     dev = rep["device"]
     device = Table(title="Device", show_header=False, title_justify="left")
     device.add_column(style="bold")

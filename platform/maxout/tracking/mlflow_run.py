@@ -1,9 +1,9 @@
-"""Trackers behind one small interface: MLflow, and a null tracker that records in memory only.
+"""The MLflow tracker: one MLflow run behind the Tracker interface (tracker.py).
 
 Step metrics are buffered and sent in batches (``log_batch``, from a sender thread), never one blocking call per
 step: a synchronous ``log_metric`` to a server costs ~70 ms. Metrics, params and tags go through a local spool
 (spool.py) first, so a tracking-server outage mid-run loses nothing. Anything that could carry a credential (a
-URI with a password) is redacted before it becomes a param or tag.
+URI with a password) is redacted before it becomes a param or tag. The model is logged as serving's pyfunc.
 """
 
 from __future__ import annotations
@@ -11,109 +11,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import time
-from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Protocol
+from typing import Any, Iterator, Mapping, Optional
 
-from . import spool as spool_mod
-from .config import TrackingConfig, project_root
-from .errors import MaxoutError
+import mlflow
+import requests
+from boto3.exceptions import Boto3Error
+from botocore.exceptions import BotoCoreError, ClientError
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 
-_URI_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
-RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+from ..config import TrackingConfig
+from ..errors import MaxoutError
+from ..serving import pyfunc
+from . import preflight, spool as spool_mod
+from .redact import redact
+from .store import resolve_uri
+
 log = logging.getLogger("maxout")
-
-
-def redact(value: Any) -> str:
-    """Mask the password of any ``scheme://user:password@host`` inside a value."""
-    return _URI_PASSWORD.sub(r"\1***@", str(value))
-
-
-class Tracker(Protocol):
-    run_id: Optional[str]
-
-    def log_params(self, params: Mapping[str, Any]) -> None: ...
-    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None: ...
-    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
-    def log_dict(self, data: Any, artifact_file: str) -> None: ...
-    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None: ...
-    def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]: ...
-    def flush(self) -> None: ...
-    def close(self, status: str = "FINISHED", reason: str = "") -> None: ...
-
-
-class NullTracker:
-    """Logs nothing anywhere; keeps what it was given so tests and benchmarks can read it back."""
-
-    run_id: Optional[str] = None
-
-    def __init__(self) -> None:
-        self.params: dict[str, str] = {}
-        self.tags: dict[str, str] = {}
-        self.metrics: dict[str, list[tuple[int, float]]] = {}
-        self.status: Optional[str] = None
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        self.params.update({k: redact(v) for k, v in params.items()})
-
-    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None:
-        for key, value in metrics.items():
-            if value is not None:
-                self.metrics.setdefault(key, []).append((step or 0, float(value)))
-
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self.tags.update({k: redact(v) for k, v in tags.items()})
-
-    def log_dict(self, data: Any, artifact_file: str) -> None:
-        pass
-
-    def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
-        pass
-
-    def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
-        return None
-
-    def flush(self) -> None:
-        pass
-
-    def close(self, status: str = "FINISHED", reason: str = "") -> None:
-        self.status = status
-
-    def last(self, key: str) -> Optional[float]:
-        return self.metrics[key][-1][1] if key in self.metrics else None
-
-
-# ------------------------------------------------------------------------------------------------ MLflow
-
-
-def local_store(root: Optional[Path] = None) -> tuple[str, str]:
-    """The embedded store: (tracking URI, artifact root) under <project root>/mlruns/."""
-    base = (root or project_root()) / "mlruns"
-    base.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
-
-
-def resolve_uri(cfg: TrackingConfig) -> tuple[str, Optional[str]]:
-    """MLflow's own MLFLOW_TRACKING_URI wins over the config, as MLflow users expect."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri
-    if uri:
-        return uri, cfg.artifact_location
-    uri, artifacts = local_store()
-    return uri, cfg.artifact_location or artifacts
-
-
-def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, with the URI and a hint, instead of MLflow's minutes of retries against a dead server."""
-    if not uri.startswith(("http://", "https://")):
-        return
-    import requests
-
-    try:
-        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
-    except requests.RequestException as err:
-        raise MaxoutError(f"MLflow tracking server unreachable at {redact(uri)} ({type(err).__name__}); "
-                          f"start it (make platform-up) or use tracking=local") from None
 
 
 class MLflowTracker:
@@ -123,8 +38,6 @@ class MLflowTracker:
     max_buffer = 500
 
     def __init__(self, run_id: str, nested: bool = False, spool_dir: Optional[str] = None, resumed: bool = False):
-        import mlflow
-
         self.client = mlflow.MlflowClient()
         self.run_id = run_id
         self.nested = nested
@@ -145,18 +58,13 @@ class MLflowTracker:
     @classmethod
     def start(cls, cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
               nested: bool = False, system_metrics: Optional[bool] = None,
-              run_id: Optional[str] = None, checked: bool = False) -> "MLflowTracker":
-        import mlflow
-
-        from . import preflight
-
+              run_id: Optional[str] = None) -> "MLflowTracker":
+        """Start (or with ``run_id`` reopen) a run on the store ``cfg`` resolves to. The store itself was checked
+        before (preflight.store_problems, which train/prepare.py runs): here only the experiment's artifact store
+        is, once its experiment is known."""
         uri, artifact_location = resolve_uri(cfg)
-        if not checked:  # validation.check, run just before by train() and hpo, made these two requests already
-            check_reachable(uri)
         if cfg.s3_endpoint_url:
             os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
-        if not (nested or checked):  # a nested run's parent already passed these
-            preflight.check_credentials(uri)
         mlflow.set_tracking_uri(uri)
         parent = mlflow.active_run() if nested else None  # a nested run lives in its parent's experiment
         experiment_id = parent.info.experiment_id if parent else os.environ.get("MLFLOW_EXPERIMENT_ID")
@@ -177,8 +85,6 @@ class MLflowTracker:
 
     # -- logging
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
         fresh = {}
         for key, value in params.items():
             value = redact(value)[:6000]
@@ -192,8 +98,6 @@ class MLflowTracker:
         self._params.update(fresh)
 
     def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None:
-        from mlflow.entities import Metric
-
         now, step = int(time.time() * 1000), step or 0
         self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items()
                             if v is not None and step > self._floor.get(k, -1))
@@ -224,16 +128,12 @@ class MLflowTracker:
             self.client.log_artifact(self.run_id, local_path, artifact_path)
 
     def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
-        from . import pyfunc
-
         with _active(self.run_id), _storing(self):
             info = pyfunc.log_model(model_dir, signature_example)
         self.set_tags({"maxout.model_uri": info.model_uri})
         return info.model_uri
 
     def close(self, status: str = "FINISHED", reason: str = "") -> None:
-        import mlflow
-
         delivered = False
         try:
             if reason:
@@ -257,9 +157,7 @@ class MLflowTracker:
                 self._spool.remove()
 
 
-def _tag(key: str, value: Any) -> Any:
-    from mlflow.entities import RunTag
-
+def _tag(key: str, value: Any) -> RunTag:
     return RunTag(key, redact(value)[:5000])
 
 
@@ -274,9 +172,6 @@ def _best_effort() -> Iterator[None]:
 
 
 def _experiment_id(name: str, artifact_location: Optional[str]) -> str:
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
     experiment = mlflow.get_experiment_by_name(name)
     if experiment:
         return experiment.experiment_id
@@ -293,11 +188,6 @@ def _experiment_id(name: str, artifact_location: Optional[str]) -> str:
 def _storing(tracker: "MLflowTracker") -> Iterator[None]:
     """An artifact upload that fails mid-run (bucket gone, S3 endpoint down, server error) becomes one line
     naming the run and where its artifacts go; the run itself is then ended FAILED by closing()."""
-    import requests
-    from botocore.exceptions import BotoCoreError, ClientError
-    from boto3.exceptions import Boto3Error
-    from mlflow.exceptions import MlflowException
-
     try:
         yield
     except (MlflowException, Boto3Error, BotoCoreError, ClientError, requests.RequestException) as err:
@@ -308,41 +198,9 @@ def _storing(tracker: "MLflowTracker") -> Iterator[None]:
 @contextlib.contextmanager
 def _active(run_id: str) -> Iterator[None]:
     """Make ``run_id`` the fluent active run for APIs that only log to it (log_model)."""
-    import mlflow
-
     active = mlflow.active_run()
     if active is not None and active.info.run_id == run_id:
         yield
         return
     with mlflow.start_run(run_id=run_id, nested=active is not None):
         yield
-
-
-def start(cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
-          nested: bool = False, system_metrics: Optional[bool] = None, run_id: Optional[str] = None,
-          checked: bool = False) -> Tracker:
-    """A new run, or with ``run_id`` the continuation of that run (resume). ``checked``: the caller ran
-    validation.check on this config, so the server's reachability and login need no second request."""
-    if cfg.backend == "none":
-        return NullTracker()
-    return MLflowTracker.start(cfg, run_name=run_name, tags=tags, nested=nested, system_metrics=system_metrics,
-                               run_id=run_id, checked=checked)
-
-
-class Terminated(BaseException):
-    """Raised in the main thread on SIGTERM, so the run is closed as KILLED instead of left RUNNING."""
-
-
-@contextlib.contextmanager
-def closing(tracker: Tracker) -> Iterator[Tracker]:
-    """End the run as FINISHED, FAILED (exception, with its message as a tag) or KILLED (Ctrl-C, SIGTERM)."""
-    try:
-        yield tracker
-    except (KeyboardInterrupt, Terminated) as err:
-        tracker.close("KILLED", reason=f"{type(err).__name__}: interrupted")
-        raise
-    except BaseException as err:
-        tracker.close("FAILED", reason=f"{type(err).__name__}: {err}"[:2000])
-        raise
-    else:
-        tracker.close("FINISHED")

@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 META_FILE = "maxout.json"
 
@@ -53,8 +55,6 @@ class Predictor:
 
     @classmethod
     def from_dir(cls, directory: str | Path, device: Optional[str] = None) -> "Predictor":
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         directory = Path(directory)
         meta = ModelMeta(**json.loads((directory / META_FILE).read_text()))
         model = AutoModelForSequenceClassification.from_pretrained(directory)
@@ -76,8 +76,6 @@ class Predictor:
         # Sort by length so each batch pads little; results are put back in input order.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(pairs[i]) if pairs else 0))
         probs = torch.empty((len(texts), len(self.meta.label_names)))
-        from tqdm.auto import tqdm
-
         for start in tqdm(range(0, len(order), batch_size), disable=not progress, desc="predict", unit="batch"):
             idx = order[start:start + batch_size]
             enc = self.tokenizer([texts[i] for i in idx], [pairs[i] for i in idx] if pairs else None,

@@ -1,0 +1,91 @@
+"""The benchmark's grid: its axes, each an optimization with its values, and the cells they span.
+
+Pure values, no torch: the CLI lists the axes in ``maxout benchmark --help`` without importing the trainer. Each
+axis is named after the optimization decision it sets (``optimizations.NAMES``), so a cell's request can be
+checked against the decision the run logged.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..errors import ConfigError, one_of
+
+if TYPE_CHECKING:  # for annotations only: importing config would load omegaconf into `maxout --help`
+    from ..config import Config
+
+BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+@dataclass(frozen=True)
+class Axis:
+    key: str  # the config key the axis sets
+    values: tuple  # every valid value, baseline first
+
+
+AXES: dict[str, Axis] = {
+    "precision": Axis("hardware.precision", ("fp32", "fp16", "bf16")),
+    "compile": Axis("hardware.compile", (False, True)),
+    "gradient_checkpointing": Axis("hardware.gradient_checkpointing", (False, True)),
+    "bucketing": Axis("data.bucketing", (False, True)),
+    "fused_adamw": Axis("hardware.fused_adamw", (False, True)),
+    "fast_dropout": Axis("hardware.fast_dropout", (False, True)),
+}
+def parse_grid(spec: Optional[str]) -> dict[str, tuple]:
+    """``"precision=fp32,bf16 compile=off,on"`` -> {"precision": ("fp32", "bf16"), "compile": (False, True)}.
+    None or empty: every value of every axis."""
+    if not spec or not spec.strip():
+        return {name: axis.values for name, axis in AXES.items()}
+    grid: dict[str, tuple] = {}
+    for token in spec.replace(";", " ").split():
+        name, sep, raw = token.partition("=")
+        if not sep or not raw:
+            raise ConfigError(f"grid entry {token!r} is malformed: write axis=value1,value2 "
+                              f"(axes: {', '.join(AXES)})")
+        if name not in AXES:
+            raise ConfigError(f"unknown grid key {one_of(name, AXES)}")
+        if name in grid:
+            raise ConfigError(f"grid key {name!r} is given twice: list all its values once, e.g. {name}=a,b")
+        grid[name] = tuple(_value(name, v) for v in raw.split(",") if v)
+    return grid
+
+
+def _value(axis: str, raw: str) -> Any:
+    valid = AXES[axis].values
+    if isinstance(valid[0], bool):
+        if raw.lower() not in BOOLS:
+            raise ConfigError(f"grid {axis}={raw!r} is invalid (valid: on, off, true, false)")
+        return BOOLS[raw.lower()]
+    if raw not in valid:
+        raise ConfigError(f"grid {axis}={raw!r} is invalid (valid: {', '.join(valid)})")
+    return raw
+
+
+@dataclass(frozen=True)
+class Cell:
+    values: tuple  # ((axis, value), ...) in grid order
+
+    @property
+    def name(self) -> str:
+        return " ".join(f"{a}={show(v)}" for a, v in self.values)
+
+    def apply(self, base: "Config") -> "Config":
+        """``base`` (a typed Config) with this cell's settings, validated; the same keys as the overrides
+        ``hardware.precision=bf16 ...`` (cheaper than composing Hydra once per cell)."""
+        cfg = copy.deepcopy(base)
+        for axis, value in self.values:
+            section, key = AXES[axis].key.split(".")
+            setattr(getattr(cfg, section), key, value)
+        return cfg.validate()
+
+
+def show(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def cells(grid: dict[str, tuple]) -> list[Cell]:
+    names = list(grid)
+    return [Cell(tuple(zip(names, combo))) for combo in itertools.product(*(grid[n] for n in names))]

@@ -1,0 +1,11 @@
+"""Serving: what a logged model needs to predict, and nothing else.
+
+- ``inference.py``: the saved model folder (transformers model, tokenizer, ``maxout.json``) and batched
+  prediction on raw text: a label and every class probability
+- ``pyfunc.py``: the MLflow pyfunc around it, which ``mlflow.pyfunc.load_model``, ``mlflow models serve`` and
+  ``maxout predict`` load
+
+A logged model runs without a tracker, a config or a trainer: the maxout package travels inside it.
+
+Serving wing. May import: errors, serving. Not tracking, nor anything that needs a run.
+"""

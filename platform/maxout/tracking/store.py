@@ -1,0 +1,57 @@
+"""Which MLflow store a run goes to, and whether it answers.
+
+``MLFLOW_TRACKING_URI`` wins over ``tracking.uri`` (as MLflow users expect); without either, the embedded store:
+SQLite plus local artifacts under ``<project root>/mlruns`` (what ``make ui`` opens).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import requests
+
+from ..config import TrackingConfig
+from ..errors import MaxoutError
+from ..paths import local_dir
+from .redact import redact
+
+# What MLflow 3 accepts as a tracking store (a plain folder only with MLFLOW_ALLOW_FILE_STORE).
+STORE_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+
+
+def local_store(base: Optional[Path] = None) -> tuple[str, str]:
+    """The embedded store: (tracking URI, artifact root) in ``base`` (default ``<project root>/mlruns``)."""
+    base = base or local_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
+
+
+def resolve_uri(cfg: TrackingConfig) -> tuple[str, Optional[str]]:
+    """(tracking URI, artifact location for new experiments; None: the store's default)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.uri
+    if uri:
+        return uri, cfg.artifact_location
+    uri, artifacts = local_store()
+    return uri, cfg.artifact_location or artifacts
+
+
+def uri_source() -> str:
+    """The setting a resolved URI came from, for messages that tell the user what to change."""
+    return "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "tracking.uri"
+
+
+def is_http(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, with the URI and a hint, instead of MLflow's minutes of retries against a dead server."""
+    if not is_http(uri):
+        return
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+    except requests.RequestException as err:
+        raise MaxoutError(f"MLflow tracking server unreachable at {redact(uri)} ({type(err).__name__}); "
+                          f"start it (make platform-up) or use tracking=local") from None

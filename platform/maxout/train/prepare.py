@@ -1,0 +1,70 @@
+"""The input checks that run before any run exists: data files, columns and labels, model availability, the
+micro-batch, the tracking store (preflight.py), writable directories, and the checkpoint a ``resume`` asks for.
+
+Every problem found is reported at once, in one line: ``3 problems: ...; ...; ...`` (one problem keeps its own
+message and exit code; several exit 2 when any of them is a usage error). ``check(cfg)`` is what ``train()``
+calls first, and what HPO calls once per study; ``add_problems(cfg, problems)`` adds what it finds to a list that
+already holds the config's own problems (the CLI's way to list everything wrong with a command at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .. import data, modeling
+from ..config import Config
+from ..errors import ConfigError, MaxoutError, collect, combined
+from ..paths import check_writable
+from . import resume as resume_mod
+from .setup import resolve_micro_batch
+
+
+@dataclass
+class Checked:
+    """What the checks loaded anyway, for train() to use instead of loading it again."""
+
+    dataset: Any
+    tokenizer: Any
+    resume: Optional[resume_mod.Plan]
+
+
+def check(cfg: Config, dataset: Any = None) -> Checked:
+    """Every input problem of ``cfg`` at once, as one error; ``dataset`` replaces loading ``cfg.data``."""
+    problems: list[MaxoutError] = []
+    checked = add_problems(cfg, problems, dataset)
+    if problems:
+        raise combined(problems)
+    return checked
+
+
+def add_problems(cfg: Config, problems: list, dataset: Any = None) -> Checked:
+    """Append every input problem of ``cfg`` to ``problems`` (a section that is itself invalid is not looked
+    into: checks that build on it would only add noise)."""
+    if dataset is None and _valid(cfg.data):
+        paths = [p for p in (cfg.data.train_path, cfg.data.validation_path) if p]
+        if all([collect(problems, data.existing_file, p) for p in paths]):  # a list: report each missing file
+            dataset = collect(problems, data.load, cfg.data)
+    tokenizer = None
+    if _valid(cfg.model):
+        if cfg.model.source == "config" or collect(problems, modeling.weights_location, cfg.model):
+            tokenizer = collect(problems, modeling.load_tokenizer, cfg.model)
+    if cfg.batch_size != "auto":  # auto: the batch finder probes once the run's device is known
+        collect(problems, resolve_micro_batch, cfg)
+    if cfg.tracking.backend == "mlflow" and _valid(cfg.tracking):
+        from ..tracking import preflight  # lazy: mlflow takes 1.5 s to import, and tracking=none never needs it
+
+        problems.extend(preflight.store_problems(cfg.tracking, ready=not problems))
+    if cfg.checkpoint.enabled:
+        collect(problems, check_writable, resume_mod.checkpoint_root(cfg), "checkpoint.dir")
+    plan = None if problems else collect(problems, resume_mod.plan, cfg, dataset)  # reads data and checkpoints
+    return Checked(dataset, tokenizer, plan)
+
+
+def _valid(section: Any) -> bool:
+    """Whether a config section is valid on its own."""
+    try:
+        section.validate()
+        return True
+    except ConfigError:
+        return False
