@@ -8,9 +8,17 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 IMAGE ?= maxout:latest
+# The CPU stand-in's base: Debian bookworm from Debian's own packages (debootstrap), imported into Docker. No image
+# registry is needed, and its Python (3.11) takes the wheels this machine's pip finds, the CPU torch build included.
+BASE_CPU ?= maxout-base:bookworm
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+IMAGE_WHEELS := build/image-wheels
+# Builds use the host's network: it works with and without Docker's bridge (dockerd --bridge=none has none).
+BUILD_NETWORK ?= host
 COMPOSE := docker compose --env-file docker/.env -f docker/compose.yaml
 
-.PHONY: install run test test-fast ui clean lint image platform-up platform-down check-hardware benchmark
+.PHONY: install run test test-fast ui clean lint image image-cpu image-base-cpu platform-up platform-down \
+	check-hardware benchmark
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,10 +32,12 @@ install: $(STAMP)
 ## run: train projects/nli_demo with MiniLM on the embedded default (hardware=auto, SQLite + local artifacts)
 run: install
 	$(BIN)/maxout train hardware=auto
-	@echo "Browse the run: make ui   (MLflow UI on http://127.0.0.1:5000, store under ./mlruns)"
+	@echo "Browse the run: make ui   (MLflow UI on http://127.0.0.1:5000; the store: ./mlflow.db and ./mlruns)"
 
-## test: the whole suite, slow end-to-end tests included (what CI runs)
+## test: the whole suite, slow end-to-end tests included (what CI runs); as root it first installs the Docker
+##   engine, debootstrap and Compose that tests/test_mlflow_run.py and the compose check use, if missing
 test: install
+	docker/install-engine.sh
 	$(BIN)/python -m pytest -q
 
 ## test-fast: everything but the slow end-to-end tests
@@ -36,7 +46,7 @@ test-fast: install
 
 ## ui: the MLflow UI on the embedded store
 ui: install
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --default-artifact-root ./mlruns/artifacts \
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --default-artifact-root ./mlruns \
 	  --host 127.0.0.1 --port 5000
 
 ## lint: hadolint on every Dockerfile (settings in .hadolint.yaml; CI runs this before the tests)
@@ -45,7 +55,26 @@ lint: install
 
 ## image: the CUDA training image that MLproject's docker_env names (`mlflow run .` runs its commands in it)
 image:
-	docker build -f docker/Dockerfile -t $(IMAGE) .
+	docker build --network $(BUILD_NETWORK) -f docker/Dockerfile -t $(IMAGE) .
+
+## image-cpu: the same image for CPUs, tagged $(IMAGE) too, built without a registry: the Debian base below, and
+##   the locked wheels (CPU torch included) downloaded here and installed offline in the build
+image-cpu: install
+	docker image inspect $(BASE_CPU) >/dev/null 2>&1 || $(MAKE) image-base-cpu
+	$(BIN)/python -m pip download -q -d $(IMAGE_WHEELS) -c constraints.txt --prefer-binary \
+	  torch==$(TORCH_VERSION) setuptools wheel "$(CURDIR)"
+	docker build --network $(BUILD_NETWORK) -f docker/Dockerfile -t $(IMAGE) --build-arg BUILDER_BASE=$(BASE_CPU) \
+	  --build-arg RUNTIME_BASE=$(BASE_CPU) --build-arg WHEELS=$(IMAGE_WHEELS) \
+	  --build-arg TORCH_SPEC=torch==$(TORCH_VERSION) --build-arg "TORCH_PIP_ARGS=--no-index --find-links /wheels" \
+	  --build-arg "PIP_ARGS=--no-index --find-links /wheels" .
+
+## image-base-cpu: $(BASE_CPU) from Debian's packages (debootstrap needs root and about a minute)
+image-base-cpu:
+	@command -v debootstrap >/dev/null || { echo "debootstrap is missing: apt-get install debootstrap" >&2; exit 1; }
+	rm -rf build/rootfs && mkdir -p build
+	debootstrap --variant=minbase bookworm build/rootfs $(DEBIAN_MIRROR)
+	tar -C build/rootfs -c . | docker import - $(BASE_CPU)
+	rm -rf build/rootfs
 
 ## platform-up: the MLflow server (PostgreSQL, MinIO artifacts, basic auth) and optuna-dashboard, from docker/.env
 platform-up: docker/.env
@@ -72,4 +101,4 @@ benchmark: install
 	$(BIN)/maxout benchmark $(ARGS)
 
 clean:
-	rm -rf $(VENV) mlruns .pytest_cache
+	rm -rf $(VENV) mlruns mlflow.db .pytest_cache build

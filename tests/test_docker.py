@@ -1,9 +1,10 @@
-"""The container side, read as text: no Docker engine runs on these machines, so the images cannot be built here.
-These checks hold the Dockerfiles, compose.yaml, MLproject and the Makefile to each other and to the lock;
-tests/test_platform.py runs what they describe as real processes."""
+"""The container side, read as text: these checks hold the Dockerfiles, compose.yaml, MLproject and the Makefile to
+each other and to the lock, in seconds. tests/test_mlflow_run.py builds the image and runs `mlflow run .` through a
+real Docker engine; tests/test_platform.py runs the compose stack's services as real processes."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -38,13 +39,28 @@ def pinned(package: str) -> str:
     return re.search(rf"^{re.escape(package)}==(\S+)$", lock, re.M | re.I).group(1)
 
 
+def build_args() -> dict[str, str]:
+    """Every ARG of the training Dockerfile with its default (the CUDA build), from any stage."""
+    args = {}
+    for item in DockerfileParser(str(TRAINER)).structure:
+        if item["instruction"] == "ARG" and "=" in item["value"]:
+            name, default = item["value"].split("=", 1)
+            args[name] = default.strip('"')
+    return args
+
+
 def test_training_image_is_multistage_on_a_cuda_cudnn_runtime_with_only_the_venv_copied():
     builder, runtime = stages(TRAINER)
-    base = instructions(runtime, "FROM")[0]
-    assert re.match(r"nvidia/cuda:[\d.]+-cudnn-runtime-ubuntu[\d.]+ AS runtime$", base), base
+    args = build_args()
+    # The base images are build arguments (make image-cpu swaps in a Debian stand-in); their defaults are CUDA's.
+    assert instructions(builder, "FROM") == ["${BUILDER_BASE} AS builder"]
+    assert instructions(runtime, "FROM") == ["${RUNTIME_BASE} AS runtime"]
+    base = args["RUNTIME_BASE"]
+    assert re.fullmatch(r"nvidia/cuda:[\d.]+-cudnn-runtime-ubuntu[\d.]+", base), base
     # The builder runs on the base's Ubuntu release, so the venv's interpreter path exists at run time.
-    assert instructions(builder, "FROM")[0].split()[0] == "ubuntu:" + base.split("-ubuntu")[1].split()[0]
-    assert instructions(runtime, "COPY") == ["--from=builder /opt/venv /opt/venv", "projects ./projects"]
+    assert args["BUILDER_BASE"] == "ubuntu:" + base.split("-ubuntu")[1]
+    assert instructions(runtime, "COPY") == ["--from=builder /opt/venv /opt/venv", "projects ./projects",
+                                             "docker/entrypoint.sh /usr/local/bin/maxout-entrypoint"]
     runtime_apt = " ".join(instructions(runtime, "RUN"))
     assert "build-essential" in " ".join(instructions(builder, "RUN")) and "build-essential" not in runtime_apt
     assert "pip install" not in runtime_apt  # nothing is built or downloaded at run time
@@ -52,15 +68,33 @@ def test_training_image_is_multistage_on_a_cuda_cudnn_runtime_with_only_the_venv
 
 def test_training_image_pins_the_locked_cuda_torch_and_installs_the_project_from_the_lock():
     builder, _ = stages(TRAINER)
-    args = dict(a.split("=", 1) for a in instructions(builder, "ARG"))
+    args = build_args()
     assert args["TORCH_VERSION"] == pinned("torch")  # the same pin the Makefile and CI install
     assert re.fullmatch(r"cu\d+", args["TORCH_CUDA"])
+    assert args["TORCH_SPEC"] == "torch==${TORCH_VERSION}+${TORCH_CUDA}"
+    assert "download.pytorch.org/whl/${TORCH_CUDA}" in args["TORCH_PIP_ARGS"]
     installs = [r for r in instructions(builder, "RUN") if "pip install" in r]
     assert len(installs) == 2 and all("-c constraints.txt" in r for r in installs)
-    assert "download.pytorch.org/whl/${TORCH_CUDA}" in installs[0] and '"torch==${TORCH_VERSION}+${TORCH_CUDA}"' in installs[0]
-    assert installs[1].rstrip().endswith("pip install -c constraints.txt .")
+    assert installs[0].rstrip().endswith('${TORCH_PIP_ARGS} "${TORCH_SPEC}"')
+    assert installs[1].rstrip().endswith("pip install -c constraints.txt ${PIP_ARGS} .")
     make_torch = re.search(r"^TORCH_VERSION \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert make_torch == pinned("torch")
+
+
+def test_the_cpu_stand_in_is_the_same_dockerfile_with_a_debian_base_and_offline_wheels():
+    """make image-cpu: the same file, other build arguments (what the CI test builds and runs through Docker)."""
+    recipe = subprocess.run(["make", "-n", "image-cpu"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    build = next(line for line in recipe.replace("\\\n", " ").splitlines() if "docker build" in line)
+    assert "-f docker/Dockerfile" in build and "-t maxout:latest" in build
+    for arg in ("BUILDER_BASE=maxout-base:bookworm", "RUNTIME_BASE=maxout-base:bookworm", "WHEELS=build/image-wheels",
+                f"TORCH_SPEC=torch=={pinned('torch')}", "TORCH_PIP_ARGS=--no-index --find-links /wheels",
+                "PIP_ARGS=--no-index --find-links /wheels"):
+        assert f"--build-arg {arg}" in build or f'--build-arg "{arg}"' in build, arg
+    assert "pip download" in recipe and "constraints.txt" in recipe and f"torch=={pinned('torch')}" in recipe
+    assert "!build/image-wheels/" in (ROOT / ".dockerignore").read_text().splitlines()
+    base = subprocess.run(["make", "-n", "image-base-cpu"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    assert "debootstrap --variant=minbase bookworm" in base and "docker import - maxout-base:bookworm" in base
 
 
 def test_training_image_runs_the_mlproject_command_as_is_as_a_non_root_user_offline():
@@ -70,9 +104,18 @@ def test_training_image_runs_the_mlproject_command_as_is_as_a_non_root_user_offl
     assert instructions(runtime, "WORKDIR") == ["/app"]  # the project root: projects/ lives here
     user = instructions(runtime, "USER")[-1]
     assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), user  # numeric and not root
-    assert instructions(runtime, "ENTRYPOINT") == []  # `mlflow run` appends its command to `docker run IMAGE`
+    # `mlflow run` appends its command to `docker run IMAGE`: it replaces CMD and runs through the entrypoint,
+    # which runs it unprivileged (tests/test_mlflow_run.py runs it for real).
+    assert instructions(runtime, "ENTRYPOINT") == ['["/usr/local/bin/maxout-entrypoint"]']
+    assert (ROOT / "docker" / "entrypoint.sh").stat().st_mode & 0o111  # executable: COPY keeps the mode
     assert instructions(runtime, "HEALTHCHECK") == ["NONE"]  # a batch job: its exit code is its health
     assert "/opt/venv/bin" in parser.envs["PATH"].split(":")
+    # Whatever user the job runs as (-A user=... maps it to the host user), it finds a home and writable folders:
+    # the state volume (MAXOUT_STATE_DIR) and /mlflow/tmp, where SQLite writes the journal of the mounted store.
+    assert parser.envs["MAXOUT_STATE_DIR"] == "/var/lib/maxout"
+    writable = next(r for r in instructions(runtime, "RUN") if "chmod 1777" in r)
+    for folder in ("/var/lib/maxout", "/mlflow/tmp", parser.envs["HOME"]):
+        assert folder in writable.split("chmod 1777", 1)[1], folder
 
 
 def test_services_image_uses_the_lock_runs_unprivileged_and_checks_its_health():
@@ -114,22 +157,29 @@ def test_dockerignore_sends_only_what_the_images_copy():
     for path in (TRAINER, SERVICES):
         for stage in stages(path):
             for value in instructions(stage, "COPY"):
-                if not value.startswith("--from"):
-                    copied.update(p.rstrip("/") for p in value.split()[:-1])
+                if not value.startswith("--from"):  # ${WHEELS}: the folder make image-cpu passes
+                    sources = value.replace("${WHEELS}*", "build/image-wheels").split()[:-1]
+                    copied.update(p.rstrip("/") for p in sources)
     assert copied <= allowed, copied - allowed
     assert "**/.env" in rules
 
 
-def test_mlproject_uses_the_image_make_builds_and_forwards_no_secret_by_value():
+def test_mlproject_uses_the_image_make_builds_and_requires_no_environment():
     from mlflow.projects._project_spec import load_project
 
     project = load_project(str(ROOT))
     built = subprocess.run(["make", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert re.search(r"docker build -f docker/Dockerfile -t (\S+) \.", built).group(1) == project.docker_env["image"]
-    forwarded = project.docker_env["environment"]
-    assert "AWS_DEFAULT_REGION" in forwarded  # MLflow never forwards it by itself
-    # Listed names travel as `-e NAME=value` on the docker command line, which `mlflow run` logs: no secrets.
-    assert not [n for n in forwarded if any(w in n for w in ("PASSWORD", "SECRET"))]
+    assert re.search(r"docker build .*-f docker/Dockerfile -t (\S+) \.", built).group(1) == project.docker_env["image"]
+    # MLflow refuses to start when a listed variable is unset, and prints listed values on the docker command line.
+    assert not project.docker_env.get("environment")
+    # The state volume (checkpoints outlive the container) and the project folder at its own path (the embedded
+    # store's artifact paths hold inside the container).
+    assert project.docker_env["volumes"] == ["maxout-state:/var/lib/maxout", "${PWD}:${PWD}"]
+    # A login and a region go by name only: docker copies each from the environment of `mlflow run`.
+    names = [line for line in (ROOT / "docker" / "run.env").read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "AWS_DEFAULT_REGION"} <= set(names)
+    assert not [n for n in names if "=" in n]
 
 
 def test_compose_stack_wiring():
@@ -157,6 +207,23 @@ def test_compose_stack_wiring():
     dashboard = service(compose, "optuna-dashboard", settings)["command"]
     assert dashboard[0] == "optuna-dashboard" and dashboard[-1] == "postgresql+psycopg2://maxout@postgres:5432/optuna"
     assert "CREATE DATABASE optuna;" in (ROOT / "docker" / "postgres-init.sql").read_text()
+
+
+def test_docker_compose_itself_validates_the_stack():
+    """`docker compose config`: Compose v2 parses and resolves the file with the example env file, to what the other
+    checks read from the YAML; without an env file it stops on the first missing secret, naming it."""
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode:
+        pytest.fail("docker compose (Compose v2) is missing: docker/install-engine.sh installs it (make test runs it)")
+    compose = ["docker", "compose", "-f", str(COMPOSE_FILE)]
+    resolved = subprocess.run([*compose, "--env-file", str(ROOT / "docker" / ".env.example"), "config", "--format",
+                               "json"], cwd=ROOT, capture_output=True, text=True)
+    assert resolved.returncode == 0, resolved.stderr
+    services = json.loads(resolved.stdout)["services"]
+    assert set(services) == set(load_compose()["services"])
+    assert services["mlflow"]["command"] == service(load_compose(), "mlflow", env_example())["command"]
+    bare = subprocess.run([*compose, "--env-file", "/dev/null", "config", "--quiet"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert bare.returncode != 0 and "required variable" in bare.stderr and "docker/.env" in bare.stderr, bare.stderr
 
 
 def test_compose_takes_every_secret_from_the_env_file_and_the_example_covers_every_variable():

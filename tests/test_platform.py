@@ -178,8 +178,8 @@ def test_train_logs_to_postgres_and_the_bucket_and_the_registry_pull_predicts(mo
 # below until it gets a value here.
 PARAMETER_VALUES = {"hardware": "cpu",
                     "overrides": "model=tiny train.max_steps=2 train.epochs=1 train.log_every=1"}
-# The README's `mlflow run` flags: GPUs in, the tracking server on the host, the password passed by name only.
-DOCKER_ARGS = ["gpus=all", "network=host", "env=MLFLOW_TRACKING_PASSWORD"]
+# The README's `mlflow run` flags: GPUs in, the tracking server on the host, the login passed by name only.
+DOCKER_ARGS = ["gpus=all", "network=host", "env-file=docker/run.env"]
 
 
 def image_environment() -> dict[str, str]:
@@ -193,13 +193,23 @@ def image_environment() -> dict[str, str]:
 
 
 def container_environment(docker_command: list[str], host_env: dict) -> dict[str, str]:
-    """The variables `docker run` would set: `-e NAME=value`, and `--env NAME` / `-e NAME` copied from the
-    environment of `mlflow run` (docker's rule for a name without a value)."""
-    env: dict[str, str] = {}
+    """The variables `docker run` would set: `-e NAME=value`, `--env-file FILE` lines, and a name without a value
+    (`--env NAME`, a bare line in the file) copied from the environment of `mlflow run` when set there (docker's
+    rule)."""
+    settings: list[str] = []
     for flag, value in zip(docker_command, docker_command[1:]):
         if flag in ("-e", "--env"):
-            name, sep, val = value.partition("=")
-            env[name] = val if sep else host_env[name]
+            settings.append(value)
+        elif flag == "--env-file":
+            lines = (ROOT / value).read_text().splitlines()
+            settings += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    env: dict[str, str] = {}
+    for setting in settings:
+        name, sep, val = setting.partition("=")
+        if sep:
+            env[name] = val
+        elif name in host_env:
+            env[name] = host_env[name]
     return env
 
 
@@ -238,8 +248,10 @@ def mlproject_runs(stack, tmp_path_factory):
                                          user_env_vars=project.docker_env.get("environment"))
             logged = " ".join([*docker, command])  # what `mlflow run` prints ("=== Running command ...")
             stack.transcripts.append((f"mlflow run -e {name}: command line", logged))
-            home = tmp_path_factory.mktemp(f"home-{name}")
-            env = {"HOME": str(home), **image_environment(), **container_environment(docker, host_env)}
+            # The image's home and state volume are folders of this test's own.
+            home, state = tmp_path_factory.mktemp(f"home-{name}"), tmp_path_factory.mktemp(f"state-{name}")
+            env = {**image_environment(), "HOME": str(home), "MAXOUT_STATE_DIR": str(state),
+                   **container_environment(docker, host_env)}
             # The container's argv is the host shell's split of the command after the image: exec it alike.
             proc = subprocess.run(["bash", "-c", f"exec {command}"], cwd=ROOT, env=env, capture_output=True,
                                   text=True, timeout=900)
@@ -262,12 +274,15 @@ def test_every_mlproject_entry_point_runs_as_the_container_would_run_it(mlprojec
     for name, result in mlproject_runs.items():
         assert result.proc.returncode == 0, (name, result.proc.stderr[-3000:])
         docker = " ".join(result.docker)
-        assert docker.startswith("docker run --rm --gpus all --network host --env MLFLOW_TRACKING_PASSWORD ")
-        assert result.docker[-1] == "maxout:latest" and "-v" not in result.docker  # nothing mounted
-        # What the container gets: the run and the server from MLflow, the region from docker_env, no S3 key
-        # (proxied), and the password by name only, never on the command line.
+        assert docker.startswith("docker run --rm --gpus all --network host --env-file docker/run.env ")
+        # Only MLproject's two volumes: no store is mounted (a server), the state volume and the project folder.
+        mounts = [v for flag, v in zip(result.docker, result.docker[1:]) if flag == "-v"]
+        assert mounts == ["maxout-state:/var/lib/maxout", "${PWD}:${PWD}"] and result.docker[-1] == "maxout:latest"
+        # What the container gets: the run and the server from MLflow, no S3 key (proxied), and the login and the
+        # region by name only (docker/run.env), never on the command line.
         assert result.env["MLFLOW_RUN_ID"] == result.run_id and result.env["MLFLOW_TRACKING_URI"] == stack.uri
         assert result.env["AWS_DEFAULT_REGION"] == "us-east-1" and result.env["HF_HUB_OFFLINE"] == "1"
+        assert result.env["MLFLOW_TRACKING_USERNAME"] == "trainer"
         assert result.env["MLFLOW_TRACKING_PASSWORD"] == stack.users["trainer"]
         assert stack.users["trainer"] not in docker
         assert not [k for k in result.env if k.startswith(("AWS_ACCESS", "AWS_SECRET")) or k == "MLFLOW_S3_ENDPOINT_URL"]

@@ -84,8 +84,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                                    "perf/steady_samples_per_s", "time/wall_s")}
     print("maxout: done " + " ".join(f"{k}={v:.4g}" for k, v in summary.items() if v is not None))
     if result.run_id:
-        print(f"maxout: MLflow run {result.run_id}; browse it with `make ui` "
-              f"(tracking URI: {_tracking_uri_for_display(cfg)})")
+        print(f"maxout: MLflow run {result.run_id}; {_where_to_browse(cfg)}")
     if cfg.registry.name:
         print(f"maxout: {promotion.register_train_result(cfg, result).summary()}")
     return 0
@@ -209,11 +208,12 @@ def cmd_tracking_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tracking_uri_for_display(cfg: Any) -> str:
+def _where_to_browse(cfg: Any) -> str:
     from .tracking.redact import redact  # lazy: a run has loaded these already (start-up of the rest)
-    from .tracking.store import resolve_uri
+    from .tracking.store import is_http, resolve_uri
 
-    return redact(resolve_uri(cfg.tracking)[0])
+    uri = resolve_uri(cfg.tracking)[0]
+    return f"browse it at {redact(uri)}" if is_http(uri) else f"browse it with `make ui` (tracking URI: {uri})"
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tracking_uri = argparse.ArgumentParser(add_help=False)
     tracking_uri.add_argument("--tracking-uri", default=None, metavar="URI",
-                              help="the MLflow store (default: MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db)")
+                              help="the MLflow store (default: MLFLOW_TRACKING_URI, else ./mlflow.db)")
     p = sub.add_parser("predict", parents=[tracking_uri], help="label a CSV / JSONL file with a registered model")
     p.add_argument("--model", required=True, metavar="URI", help="e.g. models:/NAME@champion, models:/NAME/3")
     p.add_argument("--input", required=True, metavar="FILE", help=".csv, .tsv, .jsonl or .parquet with the "
@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tracking", help="tracking utilities")
     tracking_sub = p.add_subparsers(dest="tracking_command", required=True, metavar="SUBCOMMAND")
     p = tracking_sub.add_parser("replay", help="send what a run spooled while its tracking server was away")
-    p.add_argument("spool", nargs="*", help="spool files (default: every file in mlruns/spool/)")
+    p.add_argument("spool", nargs="*", help="spool files (default: every file in the spool folder, mlruns/spool/)")
     p.add_argument("--tracking-uri", default=None, help="where to send them (default: the URI the run used)")
     p.set_defaults(func=cmd_tracking_replay)
     return parser

@@ -192,9 +192,9 @@ class TrainConfig:
 
 @dataclass
 class TrackingConfig:
-    name: str = "local"  # local: embedded SQLite + files under mlruns/ | server | none
+    name: str = "local"  # local: the embedded store (mlflow.db + mlruns/) | server | none
     backend: str = "mlflow"  # mlflow | none (null tracker)
-    uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else the embedded store under mlruns/
+    uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else the embedded store (sqlite:///mlflow.db)
     artifact_location: Optional[str] = None  # for new experiments; None: MLflow's default for the store
     experiment_name: str = "maxout"
     run_name: Optional[str] = None
@@ -203,7 +203,7 @@ class TrackingConfig:
     log_model: bool = True
     s3_endpoint_url: Optional[str] = None  # direct S3 mode: sets MLFLOW_S3_ENDPOINT_URL for the client
     tags: dict = field(default_factory=dict)
-    spool_dir: Optional[str] = None  # local journal of undelivered writes (spool.py); None: <root>/mlruns/spool
+    spool_dir: Optional[str] = None  # local journal of undelivered writes (spool.py); None: <state dir>/spool
 
     def validate(self) -> None:
         _check(self.backend in TRACKING_BACKENDS, f"tracking.backend={one_of(self.backend, TRACKING_BACKENDS)}")
@@ -244,7 +244,7 @@ class CheckpointConfig:
     enabled: bool = True  # off: nothing saved, resume=auto always starts afresh
     every_n_steps: int = 0  # 0: only at epoch ends
     keep_last: int = 2
-    dir: Optional[str] = None  # None: <project root>/checkpoints; each run under <dir>/<run key>/<run id>/
+    dir: Optional[str] = None  # None: paths.checkpoint_dir(); each run under <dir>/<run key>/<run id>/
     log_to_mlflow: bool = False  # also upload each checkpoint to the run's artifacts (checkpoints/)
 
     def validate(self) -> None:
@@ -260,7 +260,7 @@ class BatchFinderConfig:
     memory_budget_gb: Optional[float] = None  # CPU only (a GPU's limit is its memory): None = available host memory
     max_batch: int = 1024  # never search beyond this (nor beyond the target effective batch or the training rows)
     cache: bool = True  # reuse a result found for the same device, model, length, precision, checkpointing, compile
-    cache_path: Optional[str] = None  # None: mlruns/batch_finder.json beside the local MLflow store
+    cache_path: Optional[str] = None  # None: <state dir>/batch_finder.json (paths.state_dir: mlruns/)
 
     def validate(self) -> None:
         _check(0.0 < self.safety_margin <= 1.0, f"batch_finder.safety_margin={self.safety_margin} must be in (0, 1]")
@@ -312,7 +312,7 @@ class HpoConfig:
     hpo/study.py, all before the parent run starts."""
 
     study_name: str = "maxout"  # workers started with the same name (and storage) join one study
-    storage: Optional[str] = None  # None: a journal file beside the local MLflow store; or an RDB URL (PostgreSQL)
+    storage: Optional[str] = None  # None: a journal file (hpo/storage.py: store_dir); or an RDB URL (PostgreSQL)
     n_trials: Optional[int] = 20  # finished (complete + pruned) trials the STUDY stops at, over all workers
     timeout_s: Optional[float] = None  # this worker stops starting trials after this long
     metric: str = "eval/macro_f1"
@@ -323,7 +323,7 @@ class HpoConfig:
     heartbeat_interval_s: int = 60  # RDB storages: a worker's running trial sends a heartbeat this often
     grace_period_s: int = 120  # ... and a trial whose heartbeat is older than this is failed and retried
     max_retry: Optional[int] = 3  # retries of a trial whose worker died (None: unbounded)
-    compile_cache_dir: Optional[str] = None  # TorchInductor's on-disk cache; None: beside the local MLflow store
+    compile_cache_dir: Optional[str] = None  # TorchInductor's on-disk cache; None: beside the journal
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     search_space: dict = field(default_factory=dict)  # config key -> {type: float|int|categorical, ...}

@@ -1,8 +1,10 @@
-"""Where things are: the package's config directory, the project root, the config search path, and the local
-folder beside the embedded MLflow store.
+"""Where things are: the package's config directory, the project root, the config search path, the embedded
+MLflow store, and the folder where maxout keeps its own local files.
 
 Relative paths in a config (data files, checkpoint and cache folders) resolve against the project root:
-``MAXOUT_ROOT``, else the working directory.
+``MAXOUT_ROOT``, else the working directory. The embedded store is MLflow's own default in that folder
+(``mlflow.db`` and ``mlruns/``), so ``maxout train``, ``mlflow run .``, ``mlflow ui`` and ``make ui`` all use the same
+store without being told where it is.
 
 Ground floor. May import: errors.
 """
@@ -29,10 +31,25 @@ def resolve_path(path: str) -> Path:
     return p if p.is_absolute() else project_root() / p
 
 
-def local_dir() -> Path:
-    """``<project root>/mlruns``: the embedded MLflow store and what lives beside it by default (the tracking
-    spool, the batch finder's cache, the HPO journal and compile cache)."""
-    return project_root() / "mlruns"
+def embedded_store() -> tuple[Path, Path]:
+    """The embedded MLflow store: (its SQLite file, its artifact folder), MLflow's defaults in the project root."""
+    root = project_root()
+    return root / "mlflow.db", root / "mlruns"
+
+
+def state_dir() -> Path:
+    """Where maxout keeps its own local files: the tracking spool, the batch finder's cache, the HPO journal and
+    compile cache. ``MAXOUT_STATE_DIR`` when set (the container image sets it to a volume that outlives the
+    container), else ``<project root>/mlruns``, beside the embedded store's artifacts."""
+    configured = os.environ.get("MAXOUT_STATE_DIR")
+    return Path(configured).expanduser() if configured else project_root() / "mlruns"
+
+
+def checkpoint_dir() -> Path:
+    """Where checkpoints go unless ``checkpoint.dir`` says: ``<MAXOUT_STATE_DIR>/checkpoints`` when that is set,
+    else ``<project root>/checkpoints``."""
+    configured = os.environ.get("MAXOUT_STATE_DIR")
+    return (Path(configured).expanduser() if configured else project_root()) / "checkpoints"
 
 
 def search_path(root: Optional[Path] = None) -> list[Path]:

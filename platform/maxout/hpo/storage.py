@@ -23,7 +23,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from ..config import HpoConfig, TrackingConfig
 from ..errors import MaxoutError, first_line
-from ..paths import local_dir
+from ..paths import embedded_store, state_dir
 from ..tracking.redact import redact
 from ..tracking.store import resolve_uri
 
@@ -31,11 +31,14 @@ CONNECT_TIMEOUT_S = 5  # an unreachable database fails in seconds, not after dri
 
 
 def store_dir(tracking_cfg: TrackingConfig) -> Path:
-    """Beside the local MLflow store: the SQLite file's folder, else <project root>/mlruns."""
+    """Where the study's journal and the compile cache go by default: beside a SQLite tracking store's file, so that
+    each store keeps its own studies; in the state dir for the embedded store, for servers, and whenever
+    MAXOUT_STATE_DIR is set (in the container, beside the SQLite file that `mlflow run` mounts is no place to keep)."""
     uri, _ = resolve_uri(tracking_cfg)
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///"):]).parent
-    return local_dir()
+    database = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    if database is None or database == embedded_store()[0] or os.environ.get("MAXOUT_STATE_DIR"):
+        return state_dir()
+    return database.parent
 
 
 def is_url(storage: str) -> bool:

@@ -35,7 +35,7 @@ from mlflow.utils.rest_utils import http_request
 from ..config import TrackingConfig
 from ..errors import ConfigError, MaxoutError, collect
 from ..paths import check_writable
-from . import spool
+from . import container, spool
 from .redact import redact
 from .store import STORE_SCHEMES, check_reachable, is_http, resolve_uri, uri_source
 
@@ -58,16 +58,26 @@ def _uri_problems(cfg: TrackingConfig, ready: bool) -> list[MaxoutError]:
     scheme = urlparse(uri).scheme.split("+")[0]
     if scheme not in STORE_SCHEMES and not (scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE")):
         return [ConfigError(f"{source}={redact(uri)!r} is not a tracking store MLflow 3 can use (valid schemes: "
-                            f"{', '.join(STORE_SCHEMES)}); use e.g. sqlite:///mlruns/mlflow.db or http://host:5000")]
+                            f"{', '.join(STORE_SCHEMES)}); use e.g. sqlite:///mlflow.db or http://host:5000")]
     problems: list[MaxoutError] = []
     if scheme == "sqlite":
-        collect(problems, check_writable, Path(uri.split(":///", 1)[-1]).parent, f"the directory of {source}")
+        database = Path(uri.split(":///", 1)[-1])
+        collect(problems, check_writable, database.parent, f"the directory of {source}")
+        collect(problems, _check_database_writable, database, f"{source}={redact(uri)!r}")
     if collect(problems, check_reachable, uri) is None or not collect(problems, check_credentials, uri):
         return problems
     experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
     if experiment_id and ready and not problems:
         collect(problems, _experiment_exists, uri, experiment_id)
     return problems
+
+
+def _check_database_writable(database: Path, setting: str) -> None:
+    """An existing SQLite file this process may not write (it belongs to another user) fails at the first write,
+    after the run started; say so now."""
+    if database.is_file() and not os.access(database, os.R_OK | os.W_OK):
+        raise ConfigError(f"{setting} is not writable by this process (uid {os.getuid()}; the file belongs to uid "
+                          f"{database.stat().st_uid}){container.hint(container.USER) or ': run as its owner'}")
 
 
 def _experiment_exists(uri: str, experiment_id: str) -> None:
@@ -113,7 +123,8 @@ def check_credentials(uri: str) -> None:
     who = f"user {user!r}" if user else "no user (MLFLOW_TRACKING_USERNAME is not set)"
     if resp.status_code == 401:
         raise MaxoutError(f"MLflow tracking server at {redact(uri)} rejected the login of {who} (HTTP 401): set "
-                          f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account on that server")
+                          f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account on that server"
+                          f"{container.hint(container.LOGIN)}")
     if resp.status_code == 403:
         raise MaxoutError(f"MLflow tracking server at {redact(uri)} denied {who} read access (HTTP 403): ask its "
                           f"admin for a permission on the experiment")
@@ -122,12 +133,23 @@ def check_credentials(uri: str) -> None:
 
 
 def check_artifact_store(uri: str, artifact_location: Optional[str]) -> None:
-    """The experiment's artifact root answers a listing: proxied through the server, or direct on S3."""
+    """The experiment's artifact root takes files: proxied through the server (it answers a listing), direct on S3
+    (the bucket answers), or a local folder (this process may write there)."""
     scheme = urlparse(artifact_location or "").scheme
     if scheme == "mlflow-artifacts" and is_http(uri):
         _check_proxied(uri, artifact_location)
     elif scheme == "s3":
         _check_s3(artifact_location)
+    elif artifact_location and scheme in ("", "file"):
+        _check_local(artifact_location)
+
+
+def _check_local(location: str) -> None:
+    path = Path(urlparse(location).path if location.startswith("file:") else location)
+    try:
+        check_writable(path, "the experiment's artifact location")
+    except ConfigError as err:
+        raise ConfigError(f"{err}{container.hint(container.PROJECT)}") from None
 
 
 def _check_proxied(uri: str, location: str) -> None:
@@ -150,7 +172,7 @@ def _check_s3(location: str) -> None:
     where = endpoint or "AWS S3"
     client = boto3.client("s3", endpoint_url=endpoint,
                           config=BotoConfig(connect_timeout=5, read_timeout=PROBE_TIMEOUT_S,
-                                        retries={"max_attempts": 2, "mode": "standard"}))
+                                            retries={"max_attempts": 2, "mode": "standard"}))
     try:
         client.head_bucket(Bucket=bucket)
     except NoCredentialsError:

@@ -27,7 +27,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from ..errors import USAGE, MaxoutError
-from ..paths import local_dir
+from ..paths import state_dir
 from .redact import redact
 
 log = logging.getLogger("maxout")
@@ -41,7 +41,7 @@ SENDER_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIME
 
 
 def default_dir() -> Path:
-    return local_dir() / "spool"
+    return state_dir() / "spool"
 
 
 def path_for(run_id: str, directory: Optional[str] = None) -> Path:

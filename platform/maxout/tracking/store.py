@@ -1,31 +1,32 @@
 """Which MLflow store a run goes to, and whether it answers.
 
 ``MLFLOW_TRACKING_URI`` wins over ``tracking.uri`` (as MLflow users expect); without either, the embedded store:
-SQLite plus local artifacts under ``<project root>/mlruns`` (what ``make ui`` opens).
+MLflow's own default in the project root, ``mlflow.db`` plus artifacts under ``mlruns/`` (what ``mlflow run .`` uses
+without a tracking URI, and what ``make ui`` opens).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Optional
 
 import requests
 
 from ..config import TrackingConfig
 from ..errors import MaxoutError
-from ..paths import local_dir
+from ..paths import embedded_store
+from . import container
 from .redact import redact
 
 # What MLflow 3 accepts as a tracking store (a plain folder only with MLFLOW_ALLOW_FILE_STORE).
 STORE_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
 
 
-def local_store(base: Optional[Path] = None) -> tuple[str, str]:
-    """The embedded store: (tracking URI, artifact root) in ``base`` (default ``<project root>/mlruns``)."""
-    base = base or local_dir()
-    base.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
+def local_store() -> tuple[str, str]:
+    """The embedded store: (tracking URI, artifact root)."""
+    database, artifacts = embedded_store()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{database}", str(artifacts)
 
 
 def resolve_uri(cfg: TrackingConfig) -> tuple[str, Optional[str]]:
@@ -53,5 +54,6 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
     except requests.RequestException as err:
+        fix = container.hint(container.NETWORK) if container.loopback(uri) else ""
         raise MaxoutError(f"MLflow tracking server unreachable at {redact(uri)} ({type(err).__name__}); "
-                          f"start it (make platform-up) or use tracking=local") from None
+                          f"start it (make platform-up) or use tracking=local{fix}") from None

@@ -47,7 +47,7 @@ from ..errors import ConfigError, OutOfMemory
 from ..hardware import DeviceInfo
 from ..metrics import Throughput
 from ..optimizations import compile as compile_opt, decide, precision as precision_opt
-from ..paths import resolve_path
+from ..paths import resolve_path, state_dir
 from .loop import train_step
 from .oom import free_cached
 from .setup import Setup, build, build_collator, resolve_micro_batch
@@ -204,7 +204,8 @@ class StepProbe:
 
 
 def cache_file(cfg: Config) -> Path:
-    return resolve_path(cfg.batch_finder.cache_path or "mlruns/batch_finder.json")
+    configured = cfg.batch_finder.cache_path
+    return resolve_path(configured) if configured else state_dir() / "batch_finder.json"
 
 
 def cache_key(cfg: Config, device: DeviceInfo, sequence_length: int, budget_bytes: Optional[float]) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from ..config import Config, to_dict
 from ..errors import ConfigError, DataError, MaxoutError
-from ..paths import resolve_path
+from ..paths import checkpoint_dir, resolve_path
 from ..tracking.tracker import Tracker
 from . import checkpointing
 from .callbacks import Callback, TrainState
@@ -39,7 +39,7 @@ def run_key(cfg: Config) -> str:
 
 
 def checkpoint_root(cfg: Config) -> Path:
-    return resolve_path(cfg.checkpoint.dir or "checkpoints")
+    return resolve_path(cfg.checkpoint.dir) if cfg.checkpoint.dir else checkpoint_dir()
 
 
 @dataclass

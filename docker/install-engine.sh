@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# What the Docker tests need, installed when missing (`make test` and CI run this first; it needs root, and does
+# nothing without it): Debian's docker.io (dockerd and a docker client), debootstrap (the CPU stand-in's base
+# image, `make image-base-cpu`), and the Docker Compose v2 plugin for `docker compose ... config`. Debian 12 ships
+# only Compose v1, so the plugin comes from Debian 13's docker-compose package: one Go binary that needs only libc,
+# downloaded with its own apt source list (verified against Debian's archive keys) and unpacked, not installed.
+set -euo pipefail
+
+if [ "$(id -u)" != 0 ]; then
+    echo "docker/install-engine.sh: not root, nothing installed (the Docker tests start their own engine as root)"
+    exit 0
+fi
+
+missing=()
+command -v dockerd >/dev/null || missing+=(docker.io)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+plugins=/usr/local/lib/docker/cli-plugins
+if ! docker compose version >/dev/null 2>&1; then
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    echo "deb http://deb.debian.org/debian trixie main" > "$work/trixie.list"
+    mkdir -p "$work/lists/partial"
+    apt=(apt-get -q -o "Dir::Etc::SourceList=$work/trixie.list" -o Dir::Etc::SourceParts=- \
+         -o "Dir::State::Lists=$work/lists")
+    "${apt[@]}" update
+    (cd "$work" && "${apt[@]}" download docker-compose)
+    dpkg-deb -x "$work"/docker-compose_*.deb "$work/unpacked"
+    install -D -m 755 "$work/unpacked/usr/libexec/docker/cli-plugins/docker-compose" "$plugins/docker-compose"
+fi
+docker compose version

@@ -1,0 +1,160 @@
+"""A real Docker engine for the tests that run `mlflow run .` the way a user does.
+
+- The engine: Debian's dockerd on a socket, data root and exec root of its own, without iptables or a bridge
+  (containers use the host's network: `-A network=host`), started with setsid and stopped by its pid file. The
+  data root lives in ENGINE_DIR and outlives the session, so a second session reuses the image layers.
+- The image: `make image-cpu`, once per session: the CPU stand-in built from docker/Dockerfile on a Debian base
+  made with debootstrap (no registry is reachable here).
+- The user: an ordinary account (not root), in the group that owns the engine's socket, runs `mlflow run` from a
+  copy of the project that it owns, as a fresh clone would be. Its `mlflow` is the project's virtualenv, run by
+  the system's Python of the same version: the virtualenv's own interpreter lies under /root, closed to others.
+
+Root is needed to start the engine and to create the user; CI runs as root (.ci/run installs docker.io and
+debootstrap when they are missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import pytest
+
+from .conftest import ROOT
+
+ENGINE_DIR = Path(os.environ.get("MAXOUT_DOCKER_DIR", "/var/tmp/maxout-docker"))
+GROUP = "maxout-docker"
+USER = "maxout-user"
+IMAGE = "maxout:latest"
+BUILD_TIMEOUT_S = 45 * 60
+
+
+@dataclass
+class Engine:
+    host: str  # DOCKER_HOST
+    build_seconds: float
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"DOCKER_HOST": self.host}
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", *args], env={**os.environ, **self.env}, capture_output=True, text=True,
+                              check=check)
+
+
+def _need(tool: str, package: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.fail(f"{tool} is missing: apt-get install {package} (.ci/run installs it)")
+
+
+def _ensure_user() -> pwd.struct_passwd:
+    if subprocess.run(["getent", "group", GROUP], capture_output=True).returncode:
+        subprocess.run(["groupadd", GROUP], check=True)
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--groups", GROUP, "--shell", "/bin/bash", USER], check=True)
+        return pwd.getpwnam(USER)
+
+
+def _start_daemon(storage_driver: Optional[str]) -> tuple[subprocess.Popen, str]:
+    for sub in ("data", "exec"):
+        (ENGINE_DIR / sub).mkdir(parents=True, exist_ok=True)
+    sock = ENGINE_DIR / "docker.sock"
+    cmd = ["dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none", "--data-root", str(ENGINE_DIR / "data"),
+           "--exec-root", str(ENGINE_DIR / "exec"), "--pidfile", str(ENGINE_DIR / "docker.pid"),
+           "-H", f"unix://{sock}", "--group", GROUP]
+    if storage_driver:
+        cmd.append(f"--storage-driver={storage_driver}")
+    log = open(ENGINE_DIR / "dockerd.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    host = f"unix://{sock}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        ok = subprocess.run(["docker", "version"], env={**os.environ, "DOCKER_HOST": host}, capture_output=True)
+        if ok.returncode == 0:
+            return proc, host
+        time.sleep(0.5)
+    _stop_daemon(proc)
+    raise RuntimeError(f"dockerd did not start (storage driver {storage_driver or 'default'}); see "
+                       f"{ENGINE_DIR / 'dockerd.log'}")
+
+
+def _stop_daemon(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@contextlib.contextmanager
+def engine() -> Iterator[Engine]:
+    """The engine, with the image built; stopped at the end (its data root stays, as a cache)."""
+    if os.geteuid() != 0:
+        pytest.skip("starting a Docker engine needs root (CI runs as root)")
+    _need("dockerd", "docker.io")
+    _need("docker", "docker.io")
+    _need("debootstrap", "debootstrap")
+    _ensure_user()
+    try:
+        proc, host = _start_daemon(None)  # overlay2 where the file system allows it
+    except RuntimeError:
+        proc, host = _start_daemon("vfs")  # copies every layer whole: slower, works everywhere
+    try:
+        started = time.monotonic()
+        build = subprocess.run(["make", "image-cpu"], cwd=ROOT, env={**os.environ, "DOCKER_HOST": host},
+                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if build.returncode:
+            raise RuntimeError(f"make image-cpu failed:\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}")
+        yield Engine(host, time.monotonic() - started)
+    finally:
+        _stop_daemon(proc)
+
+
+def project_copy(dest: Path) -> Path:
+    """The working tree as a fresh clone would hold it (tracked files, and new files git does not ignore),
+    owned by the test user."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    user = pwd.getpwnam(USER)
+    for path in [dest, *dest.rglob("*")]:
+        os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+    return dest
+
+
+def mlflow_run(engine: Engine, project: Path, args: Sequence[str], env: Optional[dict] = None,
+               timeout_s: float = 900) -> subprocess.CompletedProcess:
+    """`mlflow run . ARGS` in ``project``, as the test user, with only the environment a user would have (plus
+    ``env``: a tracking URI, S3 keys)."""
+    user = pwd.getpwnam(USER)
+    python = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/bin")
+    if python is None:
+        pytest.fail(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor} is missing: the test user "
+                    f"runs the project's mlflow with the system's Python of the virtualenv's version")
+    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER,
+            "LANG": "C.UTF-8", "PYTHONPATH": sysconfig.get_paths()["purelib"], **engine.env}
+    command = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--",
+               python, "-m", "mlflow", "run", ".", *args]
+    return subprocess.run(command, cwd=project, env={**base, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout_s)

@@ -1,0 +1,156 @@
+"""`mlflow run .` through a real Docker engine, as a user starts it from a fresh clone (README, "mlflow run in the
+CUDA image"), against the three stores:
+
+- (a) the embedded store (mlflow.db and mlruns/ in the project folder: what `make ui` opens), with `-A user=root`;
+- (b) a tracking server with proxied artifacts, with `-A network=host`;
+- (c) a tracking server whose artifacts go to S3 directly (moto), with `-A network=host`.
+
+The image is `make image-cpu` (tests/docker_engine.py builds it once per session), the CPU stand-in of the CUDA
+image from the same Dockerfile. Each run is checked in its store: FINISHED, the params and metrics maxout logs, and
+a model that loads and predicts. Each missing `-A` gets a one-line error that names it, and a FAILED run.
+"""
+
+from __future__ import annotations
+
+import pwd
+import tempfile
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+
+from . import docker_engine, services
+
+pytestmark = pytest.mark.slow
+
+OVERRIDES = "model=tiny train.max_steps=4 train.epochs=1 train.log_every=1"
+EXAMPLE = pd.DataFrame({"post": ["I lie awake every night.", "We painted the fence."],
+                        "criterion": ["Sleep disturbance", "Fatigue"]})
+CORE_METRICS = {"train/loss", "eval/loss", "eval/accuracy", "eval/macro_f1", "perf/samples_per_s", "perf/tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with docker_engine.engine() as running:
+        yield running
+
+
+@pytest.fixture
+def project(engine):
+    folder = Path(tempfile.mkdtemp(prefix="maxout-clone-"))
+    folder.chmod(0o755)
+    return docker_engine.project_copy(folder)
+
+
+def run(engine, project, *args, env=None, hardware="cpu"):
+    params = (["-P", f"hardware={hardware}"] if hardware else []) + ["-P", f"overrides={OVERRIDES}"]
+    return docker_engine.mlflow_run(engine, project, [*params, *args], env=env)
+
+
+def the_only_run(tracking_uri: str):
+    client = mlflow.MlflowClient(tracking_uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1, [(r.info.run_id, r.info.status) for r in runs]
+    return runs[0]
+
+
+def assert_trained_and_logged(run, tracking_uri: str, hardware: str = "cpu") -> None:
+    assert run.info.status == "FINISHED"
+    params, tags = run.data.params, run.data.tags
+    assert params["cfg.model.name"] == "tiny" and params["cfg.hardware.name"] == "cpu"
+    assert params["hardware"] == hardware  # MLproject's parameter, logged by mlflow run itself
+    assert params["opt.precision.effective"] in ("bf16", "fp32") and params["device.kind"] == "cpu"
+    assert CORE_METRICS <= set(run.data.metrics), CORE_METRICS - set(run.data.metrics)
+    assert tags["mlflow.project.env"] == "docker" and tags["mlflow.docker.image.uri"] == docker_engine.IMAGE
+    mlflow.set_tracking_uri(tracking_uri)
+    predictions = mlflow.pyfunc.load_model(tags["maxout.model_uri"]).predict(EXAMPLE)
+    assert list(predictions.columns) == ["label", "prob_0", "prob_1"] and len(predictions) == 2
+    assert all(abs(p0 + p1 - 1) < 1e-4 for p0, p1 in zip(predictions["prob_0"], predictions["prob_1"]))
+
+
+def assert_one_line_error(result, fix: str) -> None:
+    errors = [line for line in result.stderr.splitlines() if line.startswith("maxout: error:")]
+    assert result.returncode != 0 and len(errors) == 1, result.stderr[-3000:]
+    assert fix in errors[0], errors[0]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def test_the_embedded_store(engine, project):
+    """(a): the store is the user's mlflow.db and mlruns/; the container starts as root only to hand the folders
+    Docker created for the run back to the user, and trains as the user. Nothing in the store is left root's."""
+    store = f"sqlite:///{project / 'mlflow.db'}"
+    result = run(engine, project, "-A", "user=root")
+    assert result.returncode == 0, result.stderr[-4000:]
+    # Before this (root) process loads the model: MLflow writes a file into a local model's folder when it does.
+    user = pwd.getpwnam(docker_engine.USER).pw_uid
+    owners = {path: path.stat().st_uid for path in [project / "mlflow.db", *(project / "mlruns").rglob("*")]}
+    assert {p: o for p, o in owners.items() if o != user} == {}
+    assert any(p.name == "MLmodel" for p in owners)  # the model's files are in the project, the user's too
+    assert_trained_and_logged(the_only_run(store), store)
+
+    again = run(engine, project, "-A", "user=root", hardware=None)  # MLproject's default: hardware=auto
+    assert again.returncode == 0, again.stderr[-4000:]
+    client = mlflow.MlflowClient(store)
+    latest = client.search_runs(["0"], order_by=["attributes.start_time DESC"])[0]
+    assert_trained_and_logged(latest, store, hardware="auto")
+
+
+def test_the_embedded_store_without_user_root_says_what_to_add(engine, project):
+    result = run(engine, project)
+    assert_one_line_error(result, "add -A user=root to mlflow run")
+    (failed,) = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}").search_runs(["0"])
+    assert failed.info.status == "FAILED"
+
+
+def test_a_tracking_server_with_proxied_artifacts(engine, project, tmp_path):
+    """(b): the container reaches the server on the host's network and sends artifacts through it."""
+    with services.mlflow_server(f"sqlite:///{tmp_path / 'server.db'}",
+                                artifacts_destination=str(tmp_path / "artifacts")) as url:
+        missing = run(engine, project, env={"MLFLOW_TRACKING_URI": url}, hardware="auto")
+        assert_one_line_error(missing, "pass -A network=host to mlflow run")
+        result = run(engine, project, "-A", "network=host", env={"MLFLOW_TRACKING_URI": url})
+        assert result.returncode == 0, result.stderr[-4000:]
+        client = mlflow.MlflowClient(url)
+        runs = client.search_runs(["0"], order_by=["attributes.start_time DESC"])
+        assert [r.info.status for r in runs] == ["FINISHED", "FAILED"]
+        assert runs[0].info.artifact_uri.startswith("mlflow-artifacts:")
+        assert_trained_and_logged(runs[0], url)
+    assert list((tmp_path / "artifacts").rglob("MLmodel"))  # the server stored the model
+    assert not (project / "mlruns").exists() and not (project / "mlflow.db").exists()
+
+
+def test_a_tracking_server_with_direct_s3_artifacts(engine, project, tmp_path, monkeypatch):
+    """(c): the container uploads to the bucket itself, with the keys mlflow run forwards for s3:// roots."""
+    with services.moto_s3("maxout") as s3:
+        server_env = {**services.S3_ENV, "MLFLOW_S3_ENDPOINT_URL": s3}
+        with services.mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", env=server_env,
+                                    extra_args=["--default-artifact-root", "s3://maxout/direct",
+                                                "--no-serve-artifacts"]) as url:
+            env = {"MLFLOW_TRACKING_URI": url, "MLFLOW_S3_ENDPOINT_URL": s3,
+                   "AWS_ACCESS_KEY_ID": services.S3_ENV["AWS_ACCESS_KEY_ID"],
+                   "AWS_SECRET_ACCESS_KEY": services.S3_ENV["AWS_SECRET_ACCESS_KEY"]}
+            result = run(engine, project, "-A", "network=host", env=env)
+            assert result.returncode == 0, result.stderr[-4000:]
+            for key, value in server_env.items():
+                monkeypatch.setenv(key, value)
+            finished = the_only_run(url)
+            assert finished.info.artifact_uri.startswith("s3://maxout/direct/")
+            assert_trained_and_logged(finished, url)
+        assert any(k.endswith("/MLmodel") for k in services.s3_keys(s3, "maxout"))
+
+
+FINGERPRINT = ("import hashlib, pathlib, maxout; root = pathlib.Path(maxout.__file__).parent; "
+               "print(hashlib.sha256(b''.join(str(p.relative_to(root)).encode() + p.read_bytes() "
+               "for p in sorted(root.rglob('*.py')))).hexdigest())")
+
+
+def test_the_image_runs_this_checkouts_code_as_a_non_root_user(engine):
+    """What the runs above tested is this checkout's maxout, not a stale image; and the image's user is not root."""
+    import subprocess
+    import sys
+
+    inside = engine.docker("run", "--rm", docker_engine.IMAGE, "python", "-c", FINGERPRINT).stdout.strip()
+    here = subprocess.run([sys.executable, "-c", FINGERPRINT], capture_output=True, text=True, check=True).stdout
+    assert inside == here.strip()
+    assert engine.docker("run", "--rm", docker_engine.IMAGE, "id", "-u").stdout.strip() == "10001"
