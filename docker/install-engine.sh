@@ -22,6 +22,7 @@ fi
 plugins=/usr/local/lib/docker/cli-plugins
 if ! docker compose version >/dev/null 2>&1; then
     work=$(mktemp -d)
+    chmod 755 "$work"  # apt downloads as its own user, _apt
     trap 'rm -rf "$work"' EXIT
     echo "deb http://deb.debian.org/debian trixie main" > "$work/trixie.list"
     mkdir -p "$work/lists/partial"

@@ -125,7 +125,7 @@ def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow
     handed_over = []
     result = hpo_study.run(
         [*BASE, *small_data, *store_overrides(mlflow_store), *FORCED, "train.epochs=3", "hpo.n_trials=4",
-         f"hpo.study_name={name}", "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.5",
+         f"hpo.study_name={name}", "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.2",
          "registry.name=hpo-best"],
         callbacks=[OutOfMemoryAt(2)],
         on_best=lambda cfg, best: (handed_over.append(best), hpo_study.promote_best_trial(cfg, best)))

@@ -6,12 +6,13 @@ and `maxout train` meet in one store without being told), MAXOUT_STATE_DIR moves
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-import mlflow
 import pytest
 
-from maxout import loading, paths
+from maxout import loading
 from maxout.config import TrackingConfig
 from maxout.errors import ConfigError, MaxoutError
 from maxout.hpo import storage
@@ -20,9 +21,14 @@ from maxout.train import batch_finder, resume
 
 
 def test_the_embedded_store_is_mlflows_own_default(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # what `mlflow run .` and `mlflow ui` use here, with no tracking URI set
+    monkeypatch.chdir(tmp_path)
     uri, artifacts = store.resolve_uri(TrackingConfig())
-    mlflow_default = mlflow.get_tracking_uri()
+    # What `mlflow run .` and `mlflow ui` use in this folder with no tracking URI set (a fresh process: this one's
+    # MLflow may have been pointed elsewhere by an earlier test).
+    fresh = subprocess.run([sys.executable, "-c", "import mlflow; print(mlflow.get_tracking_uri())"], cwd=tmp_path,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+                           capture_output=True, text=True, check=True)
+    mlflow_default = fresh.stdout.strip().splitlines()[-1]
     assert mlflow_default.startswith("sqlite:///") and uri.startswith("sqlite:///")
     assert Path(uri.removeprefix("sqlite:///")) == tmp_path / Path(mlflow_default.removeprefix("sqlite:///"))
     assert Path(artifacts) == tmp_path / "mlruns"  # MLflow's default artifact root beside it

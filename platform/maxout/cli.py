@@ -209,11 +209,15 @@ def cmd_tracking_replay(args: argparse.Namespace) -> int:
 
 
 def _where_to_browse(cfg: Any) -> str:
-    from .tracking.redact import redact  # lazy: a run has loaded these already (start-up of the rest)
+    from .tracking import container  # lazy: a run has loaded these already (start-up of the rest)
+    from .tracking.redact import redact
     from .tracking.store import is_http, resolve_uri
 
     uri = resolve_uri(cfg.tracking)[0]
-    return f"browse it at {redact(uri)}" if is_http(uri) else f"browse it with `make ui` (tracking URI: {uri})"
+    if is_http(uri):
+        return f"browse it at {redact(uri)}"
+    # Inside mlflow run's container the URI is the container's mount of your store: no use on the host.
+    return "browse it with `make ui`" + ("" if container.inside_mlflow_run() else f" (tracking URI: {uri})")
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
