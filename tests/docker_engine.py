@@ -103,6 +103,14 @@ def _stop_daemon(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def _unmount_leftovers() -> None:
+    """dockerd leaves its network namespace bind-mounted under the exec root when it stops: unmount it, so that the
+    folder can be removed (and a later engine starts clean)."""
+    netns = ENGINE_DIR / "exec" / "netns" / "default"
+    if os.path.ismount(netns):
+        subprocess.run(["umount", str(netns)], capture_output=True)
+
+
 @contextlib.contextmanager
 def engine() -> Iterator[Engine]:
     """The engine, with the image built; stopped at the end (its data root stays, as a cache)."""
@@ -125,6 +133,7 @@ def engine() -> Iterator[Engine]:
         yield Engine(host, time.monotonic() - started)
     finally:
         _stop_daemon(proc)
+        _unmount_leftovers()
 
 
 def project_copy(dest: Path) -> Path:
