@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -96,6 +97,37 @@ def _flash_attention(cc: Optional[tuple]) -> tuple[bool, str]:
     return True, ""
 
 
+def _cpuinfo_flags() -> set[str]:
+    """The CPU feature flags the Linux kernel reports (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def cpu_bf16() -> tuple[bool, str]:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), and what said so.
+
+    torch's CPU capability level ("AVX512") is not the answer: Skylake and Cascade Lake report AVX512 and have no
+    bf16 instructions, so autocast there emulates bf16, slower than fp32. torch's own cpuid check answers where this
+    torch has it (AMX tiles come with AMX-BF16 on every CPU that has them); the kernel's flags otherwise.
+    """
+    avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    if avx512_bf16 is not None and amx is not None:
+        found = [name for name, check in (("AVX512-BF16", avx512_bf16), ("AMX", amx)) if check()]
+        source = "torch's cpuid check"
+    else:
+        flags = _cpuinfo_flags()
+        found = [name for name, flag in (("AVX512-BF16", "avx512_bf16"), ("AMX", "amx_bf16")) if flag in flags]
+        source = "/proc/cpuinfo flags"
+    if found:
+        return True, f"native ({' and '.join(found)}, from {source})"
+    return False, f"emulated: no AVX512-BF16 or AMX-BF16 instructions ({source})"
+
+
 def detect() -> DeviceInfo:
     info = DeviceInfo(
         kind="cpu", name=platform.processor() or platform.machine(), torch_version=torch.__version__,
@@ -104,9 +136,8 @@ def detect() -> DeviceInfo:
     )
     info.flash_attention_reason = "no CUDA device"
     if not torch.cuda.is_available():
-        # AMX / AVX512-BF16 CPUs run bf16 autocast natively; others emulate it (slower than fp32).
-        info.bf16 = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX") if hasattr(
-            torch.backends, "cpu") else False
+        info.bf16, why = cpu_bf16()
+        info.notes.append(f"bf16 on this CPU: {why}")
         if info.in_container:
             info.notes.append("no CUDA device visible inside this container: pass -A gpus=all to mlflow run "
                               "(docker run --gpus all)")
@@ -161,8 +192,8 @@ def check_profile(hw: Any, device: DeviceInfo) -> None:
 # ------------------------------------------------------------------------------------------ peak FLOP/s
 
 # Dense peak TFLOP/s per device: (bf16/fp16 tensor core, TF32 tensor core, plain FP32), from the vendor data
-# sheets, without sparsity, with FP32 accumulation where the sheet distinguishes. The first key that is a
-# substring of the device name wins, so longer names come first.
+# sheets, without sparsity, with FP32 accumulation where the sheet distinguishes. A key matches whole words of the
+# device name ("l4" is the L4, not the L40 or L40S); the first key that matches wins, so longer names come first.
 PEAK_TFLOPS: dict[str, tuple[float, float, float]] = {
     "h100 pcie": (756.0, 378.0, 51.0),
     "h100": (989.0, 494.0, 67.0),  # SXM
@@ -173,6 +204,7 @@ PEAK_TFLOPS: dict[str, tuple[float, float, float]] = {
     "a10g": (70.0, 35.0, 31.2),
     "a10": (125.0, 62.5, 31.2),
     "l40s": (362.0, 183.0, 91.6),
+    "l40": (181.0, 90.5, 90.5),
     "l4": (121.0, 60.0, 30.3),
     "rtx 5090": (209.5, 104.8, 104.8),
     "rtx 4090": (165.2, 82.6, 82.6),
@@ -189,7 +221,7 @@ def peak_flops(device: DeviceInfo, precision: str, tf32: bool) -> Optional[float
         return None
     name = device.name.lower()
     for key, (half, tf32_peak, fp32) in PEAK_TFLOPS.items():
-        if key in name:
+        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name):
             tflops = half if precision in ("bf16", "fp16") else (tf32_peak if tf32 else fp32)
             return tflops * 1e12
     return None
