@@ -3,15 +3,27 @@
 Throughput counters are host integers filled from the collate function; the clock is read only at points where
 the loop already syncs (log intervals), so measuring adds no device sync.
 
-MFU (model FLOPs utilization) = model FLOPs per real token x real tokens/s / device peak FLOP/s, where
+MFU (model FLOPs utilization) = model FLOPs per real token x real tokens/s / device peak FLOP/s. The FLOPs are
+those of the model's matmuls, counted the way autograd runs them (``count_flops``):
 
-    FLOPs per token = 2·N_fwd + 2·N_fwd + 2·N_trainable  (forward, backward wrt activations, wrt weights)
-                    + 12·L·d·S                        (attention scores and values, forward + backward)
+    per linear layer that runs on every token, with n = in x out weights:
+        2n forward
+      + 2n if its weight trains                       (weight gradient)
+      + 2n if its input needs a gradient              (backward through activations: only where a trainable
+                                                        parameter lies below it)
+    per attention layer, with A = heads x head_dim (the real attention width; Gemma and Qwen3 differ from the
+    hidden size) and K = keys per query (S; S/2 when causal; capped by a sliding window):
+        4·A·K forward (scores and weighted values) x 3 when a gradient flows through it
 
-N_fwd = non-embedding parameters, N_trainable = trainable non-embedding parameters (N_fwd for full fine-tuning,
-which gives the familiar 6·N), L layers, d hidden size, S the mean padded sequence length. Real (non-pad)
-tokens are counted, so padding waste lowers MFU, as it should. The peak is the dense tensor-core peak for the
-precision in use (table in ``hardware.PEAK_TFLOPS``). There is no MFU on CPU: no meaningful peak to divide by.
+S is the mean real (unpadded) sequence length: real tokens / samples. For full fine-tuning this is the familiar
+6·N + 12·L·d·S; with a frozen encoder the encoder's backward vanishes; with LoRA the frozen weights cost a
+forward and the backward through activations, the adapters all three. GQA's smaller k/v projections are simply
+fewer weights. A layer that runs once per sequence (BERT's pooler and classifier) counts 1/S per token.
+Elementwise work (norms, activations, softmax, dropout) is not counted, and with mixed lengths the attention term
+uses S, not E[S²]/E[S]: both keep MFU conservative. Which weights train and which inputs need a gradient are read
+from autograd itself, on a one-row probe in eval mode (forward hooks; no dropout, so no random numbers drawn).
+Padding counts as waste, as it should. The peak is the dense tensor-core peak for the precision in use (table in
+``hardware.PEAK_TFLOPS``). There is no MFU on CPU: no meaningful peak to divide by.
 
 Ground floor. May import: nothing (numbers in, numbers out; the caller passes the peak).
 """
@@ -108,16 +120,103 @@ class Throughput:
         return out
 
 
+@dataclass
+class FlopCount:
+    """Training FLOPs per real token, by where they go (see the module docstring)."""
+
+    forward: float  # linear layers, forward
+    weight_grads: float  # linear layers whose weights train
+    input_grads: float  # linear layers whose input needs a gradient (backward through activations)
+    attention: float  # scores and weighted values, forward and (where a gradient flows) backward
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.weight_grads + self.input_grads + self.attention
+
+
+@dataclass
+class _Linear:
+    weights: int
+    trains: bool
+    input_grad: bool
+    rows: int  # rows it processed in the probe: the probe's tokens, or 1 for a once-per-sequence layer
+
+
+@dataclass
+class _Attention:
+    causal: bool
+    window: Optional[int]
+    backward: bool
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    return next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+
+
+def _probe(model: torch.nn.Module, config: Any, tokens: int) -> tuple[list[_Linear], list[_Attention]]:
+    """Run one row of ``tokens`` tokens through ``model`` (eval mode, gradients on) and record, per linear layer
+    and per attention layer, what autograd would have to compute for it."""
+    linears: list[_Linear] = []
+    attentions: list[_Attention] = []
+
+    def on_linear(module: torch.nn.Linear, args: tuple, output: torch.Tensor) -> None:
+        linears.append(_Linear(module.weight.numel(), module.weight.requires_grad, bool(args[0].requires_grad),
+                               output.numel() // module.out_features))
+
+    def on_attention(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        # transformers' attention modules carry `is_causal`; a gradient flows through the scores when their input
+        # needs one or the module's own projections (or adapters on them) train
+        hidden = _first_tensor(args, kwargs)
+        backward = bool(hidden is not None and hidden.requires_grad) or any(
+            p.requires_grad for p in module.parameters())
+        attentions.append(_Attention(bool(module.is_causal), getattr(module, "sliding_window", None), backward))
+
+    hooks = [m.register_forward_hook(on_linear) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks += [m.register_forward_pre_hook(on_attention, with_kwargs=True) for m in model.modules()
+              if hasattr(m, "is_causal") and not isinstance(m, torch.nn.Linear)]
+    device = next(model.parameters()).device
+    ids = torch.arange(1, tokens + 1, device=device).remainder(max(getattr(config, "vocab_size", tokens + 1) - 1, 1))
+    was_training = model.training
+    model.eval()  # no dropout: the probe draws no random numbers, so a seeded run stays reproducible
+    try:
+        with torch.enable_grad():
+            model(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None])
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return linears, attentions
+
+
+def _keys_per_query(seq_len: float, causal: bool, window: Optional[int]) -> float:
+    """Mean number of keys a query attends to."""
+    if not causal:
+        return seq_len
+    if window and seq_len > window:  # the first `window` queries see a growing prefix, the rest `window` keys
+        return window - window * window / (2 * seq_len)
+    return seq_len / 2
+
+
+def count_flops(model: torch.nn.Module, config: Any, mean_seq_len: float, probe_tokens: int = 8) -> FlopCount:
+    """Training FLOPs per real token of ``model`` (optionally peft-wrapped) at mean real length ``mean_seq_len``."""
+    linears, attentions = _probe(model, config, probe_tokens)
+    forward = weight_grads = input_grads = 0.0
+    for layer in linears:
+        per_token = layer.rows / probe_tokens if layer.rows > 1 else 1.0 / max(mean_seq_len, 1.0)
+        flops = 2.0 * layer.weights * per_token
+        forward += flops
+        weight_grads += flops if layer.trains else 0.0
+        input_grads += flops if layer.input_grad else 0.0
+    heads = getattr(config, "num_attention_heads", 0)
+    width = heads * (getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // max(heads, 1))
+    attention = sum(4.0 * width * _keys_per_query(mean_seq_len, a.causal, a.window) * (3 if a.backward else 1)
+                    for a in attentions)
+    return FlopCount(forward, weight_grads, input_grads, attention)
+
+
 def flops_per_token(model: torch.nn.Module, config: Any, mean_seq_len: float) -> float:
-    non_embedding = trainable = 0
-    for name, p in model.named_parameters():
-        if "embeddings" in name:
-            continue
-        non_embedding += p.numel()
-        trainable += p.numel() if p.requires_grad else 0
-    layers = getattr(config, "num_hidden_layers", 0)
-    hidden = getattr(config, "hidden_size", 0)
-    return 4.0 * non_embedding + 2.0 * trainable + 12.0 * layers * hidden * mean_seq_len
+    """Training FLOPs per real token (the MFU numerator's first factor; see ``count_flops``)."""
+    return count_flops(model, config, mean_seq_len).total
 
 
 def mfu(flops_token: float, tokens_per_s: float, peak_flops: Optional[float]) -> Optional[float]:
