@@ -16,9 +16,14 @@ IMAGE_WHEELS := build/image-wheels
 # Builds use the host's network: it works with and without Docker's bridge (dockerd --bridge=none has none).
 BUILD_NETWORK ?= host
 COMPOSE := docker compose --env-file docker/.env -f docker/compose.yaml
+# The GPU report (benchmarks/README.md): the wheels its machine's image lacks, and the report itself. gpu-report
+# uses the venv's Python where there is one, else python3 (the GPU machine: no venv, wheels on PYTHONPATH).
+GPU_WHEELS ?= .gpu-wheels
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+OUT ?= benchmarks/out/gpu
 
 .PHONY: install run test test-fast ui clean lint image image-cpu image-base-cpu platform-up platform-down \
-	check-hardware benchmark
+	check-hardware benchmark gpu-wheels gpu-report
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -102,3 +107,14 @@ benchmark: install
 
 clean:
 	rm -rf $(VENV) mlruns mlflow.db .pytest_cache build
+
+## gpu-wheels: the wheels the GPU machine's image lacks, for CPython 3.12 / manylinux x86_64, in $(GPU_WHEELS)
+##   (git-ignored, at most 40 MiB; prints each size), then the proof that the set is complete (wheels.py check)
+gpu-wheels: install
+	$(BIN)/python benchmarks/gpu/wheels.py download --dest $(GPU_WHEELS)
+	$(BIN)/python benchmarks/gpu/wheels.py check --dest $(GPU_WHEELS)
+
+## gpu-report: every GPU claim measured in one command (benchmarks/gpu_report.py; on a CPU the CPU-safe parts)
+##   make gpu-report OUT=DIR ARGS="--budget-s 540"
+gpu-report:
+	$(GPU_PYTHON) -m benchmarks.gpu_report --out $(OUT) $(ARGS)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from typing import Any, Iterator, Mapping, Optional
 
 import mlflow
 import requests
-from boto3.exceptions import Boto3Error
-from botocore.exceptions import BotoCoreError, ClientError
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
@@ -184,13 +183,26 @@ def _experiment_id(name: str, artifact_location: Optional[str]) -> str:
         return experiment.experiment_id
 
 
+def _storage_errors() -> tuple[type, ...]:
+    """What a failed artifact upload raises. boto3's errors can only come from an S3 upload, which imported boto3
+    first; a local or proxied store never needs it (and the GPU report's machine has none)."""
+    errors: list[type] = [MlflowException, requests.RequestException]
+    for module, names in (("boto3.exceptions", ("Boto3Error",)), ("botocore.exceptions", ("BotoCoreError",
+                                                                                          "ClientError"))):
+        loaded = sys.modules.get(module)
+        errors += [getattr(loaded, name) for name in names] if loaded is not None else []
+    return tuple(errors)
+
+
 @contextlib.contextmanager
 def _storing(tracker: "MLflowTracker") -> Iterator[None]:
     """An artifact upload that fails mid-run (bucket gone, S3 endpoint down, server error) becomes one line
     naming the run and where its artifacts go; the run itself is then ended FAILED by closing()."""
     try:
         yield
-    except (MlflowException, Boto3Error, BotoCoreError, ClientError, requests.RequestException) as err:
+    except Exception as err:
+        if not isinstance(err, _storage_errors()):
+            raise
         raise MaxoutError(f"storing artifacts of run {tracker.run_id} at {redact(tracker.artifact_uri)} failed: "
                           f"{redact(err)}"[:1000]) from err
 

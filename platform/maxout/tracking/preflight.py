@@ -23,11 +23,8 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-import boto3
 import mlflow
 import requests
-from botocore.config import Config as BotoConfig
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 from mlflow.exceptions import MlflowException
 from mlflow.utils.credentials import get_default_host_creds
 from mlflow.utils.rest_utils import http_request
@@ -167,6 +164,11 @@ def s3_endpoint() -> Optional[str]:
 
 def _check_s3(location: str) -> None:
     """Direct mode: the client uploads with its own boto3 credentials, so the client checks the bucket."""
+    import boto3  # lazy: only direct S3 uploads need boto3 (a local or proxied store never does; 0.3 s to import)
+    from botocore.config import Config as BotoConfig  # lazy: with boto3
+    from botocore.exceptions import (  # lazy: with boto3
+        BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError)
+
     bucket = urlparse(location).netloc
     endpoint = s3_endpoint()
     where = endpoint or "AWS S3"
