@@ -85,6 +85,31 @@ def test_fast_dropout_with_compile_or_checkpointing_in_the_same_cell_is_skipped(
         benchmark.skip_reason(compiled, cpu_device, cfg).startswith("compile:")  # no C compiler: compile says so first
 
 
+def test_gpu_axes_are_asked_for_by_name_and_skip_what_the_device_cannot_honour(cpu_device):
+    from maxout import loading
+    from tests.conftest import fake_cuda
+
+    grid = grid_mod.parse_grid("tf32=off,on compile_mode=default,reduce-overhead attention=sdpa,flash_attention_2")
+    assert len(grid_mod.cells(grid)) == 8 and "tf32" not in grid_mod.parse_grid(None)
+    cfg = loading.load([*BASE, "hardware.compile=true"], device=cpu_device)
+    reasons = {c.name: benchmark.skip_reason(c, cpu_device, cfg) for c in grid_mod.cells(grid)}
+    assert reasons["tf32=off compile_mode=default attention=sdpa"] == ""
+    assert reasons["tf32=on compile_mode=default attention=sdpa"] == "tf32: no CUDA device"
+    assert reasons["tf32=off compile_mode=reduce-overhead attention=sdpa"] == \
+        "compile_mode reduce-overhead: CUDA graphs need a CUDA device"
+    assert reasons["tf32=off compile_mode=default attention=flash_attention_2"].startswith(
+        "attention flash_attention_2: no CUDA device")
+    gpu = fake_cuda(name="NVIDIA H100 80GB HBM3", cc=(9, 0))
+    (dynamic,) = grid_mod.cells(grid_mod.parse_grid("compile_mode=max-autotune"))
+    assert benchmark.skip_reason(dynamic, gpu, cfg) == ("compile_mode max-autotune: CUDA graphs need static shapes: "
+                                                        "set data.padding=max_length to use them")
+    static = loading.load([*BASE, "hardware.compile=true", "data.padding=max_length", "data.bucketing=false"],
+                          device=cpu_device)
+    assert benchmark.skip_reason(dynamic, gpu, static) == ""
+    uncompiled = loading.load(BASE, device=cpu_device)
+    assert benchmark.skip_reason(dynamic, gpu, uncompiled).startswith("compile_mode: compile is off")
+
+
 def test_the_default_grid_is_every_value_of_every_axis():
     grid = grid_mod.parse_grid(None)
     assert grid["precision"] == ("fp32", "fp16", "bf16") and len(grid_mod.cells(grid)) == 3 * 2 ** 5
@@ -94,7 +119,7 @@ def test_the_default_grid_is_every_value_of_every_axis():
 
 @pytest.mark.parametrize("grid,message", [
     ("precison=fp32", "unknown grid key 'precison' (valid: precision, compile, gradient_checkpointing, bucketing, "
-                      "fused_adamw, fast_dropout)"),
+                      "fused_adamw, fast_dropout, tf32, compile_mode, attention)"),
     ("precision=fp8", "grid precision='fp8' is invalid (valid: fp32, fp16, bf16)"),
     ("compile=maybe", "grid compile='maybe' is invalid (valid: on, off, true, false)"),
     ("compile", "grid entry 'compile' is malformed: write axis=value1,value2"),

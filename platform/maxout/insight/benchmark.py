@@ -35,6 +35,7 @@ from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import bucketing, compile as compile_opt, fast_dropout, fused_adamw, precision as precision_opt
+from ..optimizations import tf32
 from ..tracking.params import device_params
 from ..tracking.tracker import closing, start
 from ..train import prepare, train
@@ -45,18 +46,28 @@ from ..train.tensor_memory import GIB
 from .grid import Cell, cells, parse_grid, show
 
 def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config) -> str:
-    """Why the device cannot honour ``cell`` (empty: it can), from the optimizations' own checks."""
+    """Why the device cannot honour ``cell`` (empty: it can), from the optimizations' own checks. (A model class
+    without an SDPA path is found when the cell's run builds the model: its row then says so.)"""
     asked = dict(cell.values)
     checks = {"compile": lambda: compile_opt.supported(device), "fused_adamw": lambda: fused_adamw.supported(device),
               "bucketing": lambda: bucketing.supported(cfg.data.padding),
               "fast_dropout": lambda: fast_dropout.supported(
                   device, asked.get("compile", cfg.hardware.compile),
-                  asked.get("gradient_checkpointing", cfg.hardware.gradient_checkpointing))}
+                  asked.get("gradient_checkpointing", cfg.hardware.gradient_checkpointing)),
+              "tf32": lambda: tf32.supported(device)}
     for axis, value in cell.values:
         if axis == "precision":
             decision = precision_opt.resolve(value, device)
             if decision.changed:
                 return f"precision {value}: {decision.reason}"
+        if axis == "compile_mode":
+            if not asked.get("compile", cfg.hardware.compile):
+                return "compile_mode: compile is off (add compile=on to the grid, or hardware.compile=true)"
+            decision = compile_opt.resolve_mode(value, device, cfg.data.padding == "max_length")
+            if decision.changed:
+                return f"compile_mode {value}: {decision.reason}"
+        if axis == "attention" and value == "flash_attention_2" and not device.flash_attention:
+            return f"attention flash_attention_2: {device.flash_attention_reason}"
         if value is True and axis in checks:
             ok, reason = checks[axis]()
             if not ok:

@@ -24,6 +24,7 @@ BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off"
 class Axis:
     key: str  # the config key the axis sets
     values: tuple  # every valid value, baseline first
+    in_default: bool = True  # part of the default grid (every value of every such axis)
 
 
 AXES: dict[str, Axis] = {
@@ -33,12 +34,20 @@ AXES: dict[str, Axis] = {
     "bucketing": Axis("data.bucketing", (False, True)),
     "fused_adamw": Axis("hardware.fused_adamw", (False, True)),
     "fast_dropout": Axis("hardware.fast_dropout", (False, True)),
+    # GPU axes, asked for by name (they would multiply the default grid by 24): TF32 matmuls for fp32, the compile
+    # mode (with compile=on), the attention kernels
+    "tf32": Axis("hardware.tf32", (False, True), in_default=False),
+    "compile_mode": Axis("hardware.compile_mode", ("default", "reduce-overhead", "max-autotune",
+                                                   "max-autotune-no-cudagraphs"), in_default=False),
+    "attention": Axis("hardware.attn_implementation", ("eager", "sdpa", "flash_attention_2"), in_default=False),
 }
+
+
 def parse_grid(spec: Optional[str]) -> dict[str, tuple]:
     """``"precision=fp32,bf16 compile=off,on"`` -> {"precision": ("fp32", "bf16"), "compile": (False, True)}.
-    None or empty: every value of every axis."""
+    None or empty: every value of every default axis."""
     if not spec or not spec.strip():
-        return {name: axis.values for name, axis in AXES.items()}
+        return {name: axis.values for name, axis in AXES.items() if axis.in_default}
     grid: dict[str, tuple] = {}
     for token in spec.replace(";", " ").split():
         name, sep, raw = token.partition("=")
