@@ -3,6 +3,8 @@
     python benchmarks/bench_vs_hf_trainer.py                 # MiniLM on projects/nli_demo, two epochs each
     python benchmarks/bench_vs_hf_trainer.py --compile        # both compile (maxout: hardware.compile=true)
     python benchmarks/bench_vs_hf_trainer.py --rounds 2 --maxout-override hardware.fast_dropout=false
+    python benchmarks/bench_vs_hf_trainer.py --override model.architecture.hidden_size=768 ...   # both sides
+    python benchmarks/bench_vs_hf_trainer.py --contenders maxout,trainer_best,trainer_best_compiled
 
 Three contenders, run in one process, in the order A B C then C B A (both orders, so drift and warm caches do
 not favour one side; `--rounds N` repeats that pattern), each for the same number of full epochs of the demo's
@@ -17,6 +19,14 @@ training set, so every contender processes exactly the same rows:
   profile picks eager, measured faster there), which separates that choice from the rest of the gap.
 - Trainer, defaults: `TrainingArguments` defaults (fp32, random batches, fused AdamW since transformers 5), the
   same collator and batch size.
+- Trainer, best flags compiled (`trainer_best_compiled`, asked for with `--contenders`): the best flags with
+  `torch_compile=True` whatever maxout does (the GPU report's "torch_compile on and off").
+
+On a GPU the best flags add `tf32=True` where maxout's device check turned TF32 on, and `--trainer-workers N` gives
+the Trainer DataLoader workers (maxout's profile picks its own). Besides samples/s each contender reports tokens/s
+(samples/s x the mean real length of the training rows: both sides process the same rows) and, on a GPU, torch's
+peak allocated memory. `benchmarks/gpu_report.py` runs this comparison on random BERT-base models through
+``measure()``.
 
 Steady state = samples / seconds between the end of optimizer step `--warmup` of the last epoch and the end of
 training, timed at step ends by a callback on each side (maxout's own `perf/steady_samples_per_s` is the same
@@ -63,26 +73,30 @@ def maxout_run(args) -> dict:
 
     overrides = [f"model={args.model}", "tracking=none", f"train.batch_size={args.batch}",
                  f"train.target_effective_batch={args.batch}", f"train.epochs={args.epochs}",
-                 f"train.warmup_steps_excluded={excluded_steps(args)}",
-                 f"hardware.precision={args.precision}", f"hardware.compile={str(args.compile).lower()}",
-                 *args.maxout_override]
+                 f"train.warmup_steps_excluded={excluded_steps(args)}", f"hardware.precision={args.precision}",
+                 *([] if args.compile is None else [f"hardware.compile={str(args.compile).lower()}"]),
+                 *args.override, *args.maxout_override]
     cfg = loading.load(overrides)
     result = train(cfg, tracker=NullTracker(), progress=False, verbose=False)
     m = result.metrics
     return {"samples_per_s": m["perf/steady_samples_per_s"], "samples": m["train/samples"],
+            "tokens_per_s": m["perf/steady_samples_per_s"] * args.mean_length,
+            "peak_memory_gb": m.get("mem/peak_allocated_gb"), "compile_s": m.get("time/compile_s"),
             "padding_efficiency": m["perf/padding_efficiency"],
             "precision": result.setup.decision("precision").effective, "profile": cfg.hardware.name,
-            "attention": result.setup.decision("attention").effective}
+            "attention": result.setup.decision("attention").effective,
+            "tf32": result.setup.decision("tf32").effective, "compile": result.setup.decision("compile").effective}
 
 
-def trainer_run(args, best: bool, precision: str, attention: str) -> dict:
+def trainer_run(args, best: bool, precision: str, attention: str, compile: bool = False, tf32: bool = False) -> dict:
     from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
     from transformers.utils import logging as hf_logging
 
     from maxout import data as data_mod, loading, modeling
 
     hf_logging.set_verbosity_error()
-    cfg = loading.load([f"model={args.model}", "hardware=cpu" if not torch.cuda.is_available() else "hardware=auto"])
+    cfg = loading.load([f"model={args.model}", "hardware=cpu" if not torch.cuda.is_available() else "hardware=auto",
+                        *args.override])
     ds = data_mod.load(cfg.data)
     tok = modeling.load_tokenizer(cfg.model)
     enc = tok(ds.train.texts, ds.train.pairs, truncation="longest_first", max_length=cfg.data.max_length)
@@ -103,83 +117,118 @@ def trainer_run(args, best: bool, precision: str, attention: str) -> dict:
     clock = Clock()
     flags = dict(output_dir=str(ROOT / "benchmarks" / "out" / "hf"), per_device_train_batch_size=args.batch,
                  num_train_epochs=args.epochs, save_strategy="no", eval_strategy="no", report_to=[], logging_steps=10_000,
-                 disable_tqdm=True, seed=42, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0)
+                 disable_tqdm=True, seed=42, use_cpu=not torch.cuda.is_available(),
+                 dataloader_num_workers=args.trainer_workers)
     if best:
         flags.update(bf16=precision == "bf16", fp16=precision == "fp16",
-                     train_sampling_strategy="group_by_length", optim="adamw_torch_fused",
-                     torch_compile=args.compile)
+                     train_sampling_strategy="group_by_length", optim="adamw_torch_fused", torch_compile=compile)
+        if tf32:
+            flags["tf32"] = True
     trainer = Trainer(model=model, args=TrainingArguments(**flags), train_dataset=rows,
                       data_collator=DataCollatorWithPadding(tok), callbacks=[clock])
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     trainer.train()
     steps = len(clock.marks)
     skip = excluded_steps(args)
     samples_after = sum(step_sizes(len(rows), args)[skip:])
     seconds = clock.marks[-1] - clock.marks[skip - 1]
     return {"samples_per_s": samples_after / seconds, "samples": len(rows), "steps": steps,
-            "precision": precision if best else "fp32", "attention": attention, "flags": {k: v for k, v in flags.items()
-                                                                  if k not in ("output_dir",)}}
+            "tokens_per_s": samples_after / seconds * args.mean_length,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+            "precision": precision if best else "fp32", "attention": attention, "compile": bool(best and compile),
+            "flags": {k: v for k, v in flags.items() if k not in ("output_dir",)}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="minilm")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--precision", default="bf16", help="what maxout is asked for; the Trainer gets what "
-                                                             "maxout's device check made of it")
-    parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per contender; only the last one is timed")
-    parser.add_argument("--warmup", type=int, default=3, help="optimizer steps of the last epoch left out too")
-    parser.add_argument("--trainer-attention", choices=("default", "same"), default="default",
-                        help="default: the Trainer's model gets transformers' default attention (sdpa); same: it gets "
-                             "the implementation maxout's profile picked, to separate that choice from the rest")
-    parser.add_argument("--rounds", type=int, default=1, help="repeat the A B C C B A pattern this many times")
-    parser.add_argument("--maxout-override", action="append", default=[], metavar="KEY=VALUE",
-                        help="an extra Hydra override for maxout only, e.g. hardware.fast_dropout=false to measure "
-                             "what one optimization contributes (repeatable)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "vs_hf_trainer.json"))
-    args = parser.parse_args()
-    os.chdir(ROOT)
-    from maxout import data as data_mod, loading
+TRAINERS = ("trainer_best", "trainer_best_compiled", "trainer_default")
 
-    args.train_rows = len(data_mod.load(loading.load([f"model={args.model}"]).data).train)
 
-    results: dict[str, list] = {"maxout": [], "trainer_best": [], "trainer_default": []}
+def measure(args, contenders=("maxout", "trainer_best", "trainer_default"), log=print) -> dict:
+    """Every contender in one process, in the order given and then reversed (``args.rounds`` times), each timed on
+    its last epoch; the first maxout run tells the Trainer the precision, attention and TF32 maxout's device check
+    chose. ``args`` holds the fields main()'s parser defines."""
+    from maxout import data as data_mod, loading, modeling
+
+    cfg = loading.load([f"model={args.model}", *args.override])
+    table = data_mod.load(cfg.data).train
+    enc = modeling.load_tokenizer(cfg.model)(table.texts, table.pairs, truncation="longest_first",
+                                             max_length=cfg.data.max_length)
+    args.train_rows, args.mean_length = len(table), sum(map(len, enc["input_ids"])) / len(table)
+
+    results: dict[str, list] = {name: [] for name in contenders}
     first = maxout_run(args)
     results["maxout"].append(first)
-    print(f"maxout: {first['samples_per_s']:.2f} samples/s", file=sys.stderr)
-    precision = first["precision"]
+    log(f"maxout: {first['samples_per_s']:.2f} samples/s")
+    precision, tf32 = first["precision"], first["tf32"]
     attention = first["attention"] if args.trainer_attention == "same" else "sdpa"
     runs = {"maxout": lambda: maxout_run(args),
-            "trainer_best": lambda: trainer_run(args, True, precision, attention),
+            "trainer_best": lambda: trainer_run(args, True, precision, attention, bool(args.compile), tf32),
+            "trainer_best_compiled": lambda: trainer_run(args, True, precision, attention, True, tf32),
             "trainer_default": lambda: trainer_run(args, False, precision, attention)}
-    pattern = ["maxout", "trainer_best", "trainer_default", "trainer_default", "trainer_best", "maxout"]
+    pattern = [*contenders, *reversed(contenders)]  # maxout first, then maxout last: both orders
     for name in (pattern * args.rounds)[1:]:  # the first maxout run is above: it tells the Trainer the precision
         results[name].append(runs[name]())
-        print(f"{name}: {results[name][-1]['samples_per_s']:.2f} samples/s", file=sys.stderr)
+        log(f"{name}: {results[name][-1]['samples_per_s']:.2f} samples/s")
 
     mean = {k: sum(r["samples_per_s"] for r in v) / len(v) for k, v in results.items()}
-    report = {
+    trainers = [c for c in contenders if c in TRAINERS]
+    return {
         "date": date.today().isoformat(), "device": torch.cuda.get_device_name(0) if torch.cuda.is_available()
         else f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
-        "torch": torch.__version__, "model": args.model, "batch": args.batch, "precision": precision,
-        "compile": args.compile, "epochs": args.epochs, "timed": f"last epoch after step {args.warmup}",
+        "torch": torch.__version__, "model": args.model, "overrides": args.override, "batch": args.batch,
+        "rows": args.train_rows, "mean_length": args.mean_length, "precision": precision, "tf32": tf32,
+        "compile": {"maxout": first["compile"], "asked": args.compile}, "epochs": args.epochs,
+        "timed": f"last epoch after step {args.warmup}",
         "attention": {"maxout": first["attention"], "trainer": attention},
         "samples_per_s": mean, "runs": results,
-        "ratio_vs_trainer_best": mean["maxout"] / mean["trainer_best"],
-        "ratio_vs_trainer_default": mean["maxout"] / mean["trainer_default"],
+        **{f"ratio_vs_{t}": mean["maxout"] / mean[t] for t in trainers},
         # Pairs run next to each other: maxout's i-th run against each Trainer's i-th run (orders alternate).
         "ratios_per_order": [{"order": "maxout first" if i % 2 == 0 else "maxout last",
-                              "best": results["maxout"][i]["samples_per_s"] / results["trainer_best"][i]["samples_per_s"],
-                              "default": results["maxout"][i]["samples_per_s"]
-                              / results["trainer_default"][i]["samples_per_s"]}
+                              **{t.removeprefix("trainer_"): results["maxout"][i]["samples_per_s"]
+                                 / results[t][i]["samples_per_s"] for t in trainers}}
                              for i in range(len(results["maxout"]))],
         "maxout_overrides": args.maxout_override,
     }
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--precision", default="bf16", help="what maxout is asked for; the Trainer gets what "
+                                                        "maxout's device check made of it")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="both compile (maxout: hardware.compile=true); without it neither does")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per contender; only the last one is timed")
+    p.add_argument("--warmup", type=int, default=3, help="optimizer steps of the last epoch left out too")
+    p.add_argument("--trainer-attention", choices=("default", "same"), default="default",
+                   help="default: the Trainer's model gets transformers' default attention (sdpa); same: it gets "
+                        "the implementation maxout's profile picked, to separate that choice from the rest")
+    p.add_argument("--trainer-workers", type=int, default=0, help="the Trainer's DataLoader workers")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the A B C C B A pattern this many times")
+    p.add_argument("--contenders", default="maxout,trainer_best,trainer_default",
+                   help=f"comma-separated, maxout first, from {', '.join(TRAINERS)}")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Hydra override for both sides (model architecture, data files), repeatable")
+    p.add_argument("--maxout-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra Hydra override for maxout only, e.g. hardware.fast_dropout=false to measure "
+                        "what one optimization contributes (repeatable)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "vs_hf_trainer.json"))
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    args.compile = bool(args.compile)  # the CLI's default: neither side compiles
+    contenders = tuple(args.contenders.split(","))
+    if contenders[0] != "maxout" or not set(contenders[1:]) <= set(TRAINERS):
+        parser().error(f"--contenders must start with maxout and name only {', '.join(TRAINERS)}")
+    os.chdir(ROOT)
+    report = measure(args, contenders, log=lambda line: print(line, file=sys.stderr))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
-    print(json.dumps({k: report[k] for k in ("device", "precision", "compile", "attention", "maxout_overrides",
-                                             "samples_per_s", "ratio_vs_trainer_best", "ratio_vs_trainer_default",
-                                             "ratios_per_order")}, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("runs", "date", "torch", "overrides")}, indent=2,
+                     default=str))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ tracker, in one process, in interleaved repetitions (the mode order rotates ever
 machine's load hits every mode alike). Target: <= 1% slowdown.
 
     .venv/bin/python -m benchmarks.tracking_overhead [--reps 5] [--steps 40] [--modes none,mlflow] [--interval 5]
-                                                     [hydra overrides ...]
+                                                     [--store server|sqlite] [hydra overrides ...]
 
 Modes: ``none`` (null tracker), ``mlflow`` (server + MLflow's system-metrics sampler every ``--interval`` s:
 psutil, plus NVML on a GPU; the loop's own NVML utilization sampler runs on a GPU in every mode),
@@ -11,18 +11,21 @@ psutil, plus NVML on a GPU; the loop's own NVML utilization sampler runs on a GP
 batch every step: the logging path's worst case; the default is every 10 steps). Besides samples/s it reports the
 CPU seconds this process's main thread, its other threads and the server process used during fit() (run it with
 OMP_NUM_THREADS=1, else torch's intra-op threads count as background): on a shared machine that CPU comes out of
-training.
+training. ``--store sqlite`` logs to an embedded SQLite store in this process instead of a server (what `make run`
+uses, and what the GPU report measures: its machine carries the MLflow client, not the server).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from maxout.train import Callback
 
@@ -65,9 +68,9 @@ class FitWindow(Callback):
 def logging_path_ms(cfg, steps: int = 1000) -> float:
     """Main-thread CPU per training step of the tracker's logging path (log_metrics with the loop's six metrics
     every step, plus the flushes): what the loop itself pays, whatever the machine's load."""
-    from maxout import tracking
+    from maxout.tracking.tracker import start
 
-    tracker = tracking.start(cfg.tracking, run_name="logging-path", system_metrics=False)
+    tracker = start(cfg.tracking, run_name="logging-path", system_metrics=False)
     metrics = {"train/loss": 0.5, "train/lr": 1e-4, "train/epoch": 1.0, "perf/window_samples_per_s": 10.0,
                "perf/window_tokens_per_s": 600.0, "perf/window_it_per_s": 1.0}
     started = time.thread_time()
@@ -79,10 +82,24 @@ def logging_path_ms(cfg, steps: int = 1000) -> float:
     return cost
 
 
-def measure(overrides: list[str], reps: int, steps: int, modes: list[str], interval: float) -> dict:
+@contextlib.contextmanager
+def tracking_store(store: str, tmp: str) -> Iterator[list[str]]:
+    """The tracking overrides for a run against ``store``: a real ``mlflow server`` or an embedded SQLite file."""
+    backend = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
+    if store == "sqlite":
+        yield ["tracking=local", f"tracking.uri={backend}",
+               f"tracking.artifact_location={Path(tmp, 'artifacts').as_uri()}"]
+        return
+    from tests.services import mlflow_server  # lazy: the server's harness, only for --store server
+
+    with mlflow_server(backend, artifacts_destination=Path(tmp, "artifacts").as_uri()) as url:
+        yield ["tracking=server", f"tracking.uri={url}"]
+
+
+def measure(overrides: list[str], reps: int, steps: int, modes: list[str], interval: float,
+            store: str = "server") -> dict:
     from maxout import data, hardware, loading
     from maxout.train import train
-    from tests.services import mlflow_server
 
     device = hardware.detect()
     common = [*overrides, f"train.max_steps={steps}", "train.epochs=1000", "train.log_every=1"]
@@ -90,10 +107,8 @@ def measure(overrides: list[str], reps: int, steps: int, modes: list[str], inter
     dataset = data.load(null_cfg.data)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="maxout-overhead-") as tmp:
-        backend = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
-        with mlflow_server(backend, artifacts_destination=Path(tmp, "artifacts").as_uri()) as url:
-            server = [*common, "tracking=server", f"tracking.uri={url}", "tracking.log_model=false",
-                      "tracking.experiment_name=tracking-overhead"]
+        with tracking_store(store, tmp) as where:
+            server = [*common, *where, "tracking.log_model=false", "tracking.experiment_name=tracking-overhead"]
             configs = {"none": null_cfg,
                        "mlflow": loading.load([*server, "tracking.system_metrics=true",
                                                f"tracking.system_metrics_interval_s={interval}"], device=device),
@@ -124,7 +139,7 @@ def measure(overrides: list[str], reps: int, steps: int, modes: list[str], inter
                          "main_cpu_s": statistics.median(r[mode]["main_cpu_s"] for r in rows),
                          "background_cpu_s": statistics.median(r[mode]["background_cpu_s"] for r in rows),
                          "wall_s": statistics.median(r[mode]["wall_s"] for r in rows)}
-    return {"device": device.name, "kind": device.kind, "rows": rows, "summary": summary,
+    return {"device": device.name, "kind": device.kind, "store": store, "rows": rows, "summary": summary,
             "logging_path_ms": path_ms}
 
 
@@ -142,13 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--modes", default="none,mlflow", help=f"comma-separated, from {', '.join(MODES)}")
     parser.add_argument("--interval", type=float, default=5.0, help="system-metrics interval (s) for mode mlflow")
+    parser.add_argument("--store", choices=("server", "sqlite"), default="server",
+                        help="log to a real mlflow server (default) or an embedded SQLite store in this process")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
     if unknown or "none" not in modes:
         parser.error(f"--modes needs 'none' and only {', '.join(MODES)} (got {args.modes})")
-    out = measure(args.overrides, args.reps, args.steps, modes, args.interval)
-    print(f"{out['device']} ({out['kind']}), {args.reps} interleaved repetitions of {args.steps} steps, "
+    out = measure(args.overrides, args.reps, args.steps, modes, args.interval, args.store)
+    print(f"{out['device']} ({out['kind']}), {args.store} store, {args.reps} interleaved repetitions of {args.steps} steps, "
           f"log_every=1, system-metrics interval {args.interval:g} s\n")
     # CPU overhead: all the CPU used during fit() (main thread, other threads, server) over the null tracker's, as a
     # share of the null tracker's. On a saturated machine this is what tracking takes from training; unlike

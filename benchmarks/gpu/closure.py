@@ -114,8 +114,9 @@ def workload(tmp: Path) -> list[str]:
     done = []
     for module in ("maxout.cli", "maxout.train", "maxout.tracking.mlflow_run", "maxout.tracking.spool",
                    "maxout.insight.benchmark", "maxout.insight.hardware_report", "maxout.hpo.study",
-                   "maxout.registry.promotion", "maxout.serving.pyfunc",
-                   "benchmarks.bench_vs_hf_trainer"):
+                   "maxout.registry.promotion", "maxout.serving.pyfunc", "benchmarks.gpu_report",
+                   "benchmarks.gpu.sections.charts", "benchmarks.bench_vs_hf_trainer", "benchmarks.tracking_overhead",
+                   "torch.profiler", "transformers.trainer"):
         importlib.import_module(module)
     done.append("imports")
 

@@ -1,0 +1,95 @@
+"""5. The ablation on a GPU, through ``maxout benchmark``'s machinery (insight/benchmark.py, insight/grid.py): one
+grid per question, each against its own baseline cell, in order of value: precision (fp32, TF32, fp16, bf16),
+attention (eager, SDPA, flash-attention 2 where its package is installed), fused AdamW, length bucketing, compile
+(off, default) and the compile mode (default, max-autotune, on static shapes so CUDA graphs can run). Speed-up,
+memory ratio and compile seconds per cell. A grid that no longer fits the section's time is left out, and says so.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .. import workloads
+from ..registry import Context, Section
+
+STATIC = ["data.padding=max_length", "data.max_length=128", "data.bucketing=false"]
+
+
+def grids(ctx: Context, cuda: bool) -> list[tuple[str, str, list[str], float]]:
+    """(name, grid, extra overrides, seconds it is expected to need) in order of value."""
+    if not ctx.full:  # smoke: the code path, not a figure
+        return [("fused AdamW", "fused_adamw=off,on", [], 10)]
+    compiled = ["hardware.compile=true"]
+    return [("precision", "precision=fp32,fp16,bf16 tf32=off,on", [], 60),
+            ("attention", "attention=eager,sdpa,flash_attention_2", [], 30),
+            ("fused AdamW", "fused_adamw=off,on", [], 20),
+            ("bucketing", "bucketing=off,on", [], 20),
+            ("compile", "compile=off,on", [], 90),
+            ("compile mode (static shapes)", "compile_mode=default,max-autotune", compiled + STATIC, 300)]
+
+
+def run(ctx: Context) -> None:
+    import torch  # lazy: the parent process never imports torch for this
+
+    from maxout.insight import benchmark  # lazy: imports torch
+
+    cuda = torch.cuda.is_available()
+    arch, steps = ("bert_base", 60) if ctx.full else ("tiny", 4)
+    data = workloads.demo(ctx.work, copies=8) if ctx.full else workloads.demo(ctx.work, rows=64)
+    base = [*workloads.model(arch), *data, "tracking=none", "hardware.compile=false", "checkpoint.enabled=false",
+            f"train.batch_size={64 if ctx.full else 16}", f"train.target_effective_batch={64 if ctx.full else 16}",
+            f"train.warmup_steps_excluded={10 if ctx.full else 1}"]
+    ctx.record("setup", {"model": arch, "steps_per_cell": steps, "base_overrides": base[len(workloads.model(arch)):]})
+    done: dict[str, dict] = {}
+    for name, spec, extra, needs_s in grids(ctx, cuda):
+        if ctx.left() < needs_s:
+            done[name] = {"grid": spec, "left_out": f"{ctx.left():.0f} s left in the section, the grid needs ~{needs_s} s"}
+            ctx.record("grids", done)
+            continue
+        started = time.time()
+        report = benchmark.run([*base, *extra], grid_spec=spec, steps=steps, out_dir=str(ctx.work / "ablation" /
+                                                                                         name.split()[0]),
+                               progress=True)
+        table = report.table.where(report.table.notna(), None)
+        done[name] = {"grid": spec, "extra": extra, "seconds": time.time() - started,
+                      "baseline": report.baseline.cell.name if report.baseline else None,
+                      "cells": table.to_dict("records")}
+        ctx.record("grids", done)
+
+
+def markdown(results: dict) -> str:
+    fmt = lambda v, spec, suffix="": "–" if v is None else format(v, spec) + suffix  # noqa: E731
+    setup = results.get("setup", {})
+    lines = [f"Model: random {setup.get('model')}; {setup.get('steps_per_cell')} optimizer steps per cell, steady "
+             f"state; base: `{' '.join(setup.get('base_overrides', []))}`.", "",
+             "| grid | cell | samples/s | speed-up | peak memory GiB | memory ratio | MFU | compile s | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, g in results.get("grids", {}).items():
+        if "left_out" in g:
+            lines.append(f"| {name} | `{g['grid']}` | | | | | | | left out: {g['left_out']} |")
+            continue
+        for c in g["cells"]:
+            note = c["reason"] or ("baseline" if c["cell"] == g["baseline"] else "")
+            note = f"{c['status']}: {note}" if c["status"] != "ok" else note
+            lines.append(f"| {name} | {c['cell']} | {fmt(c['steady samples/s'], '.1f')} | "
+                         f"{fmt(c['speed-up'], '.2f', '×')} | {fmt(c['peak memory GiB'], '.2f')} | "
+                         f"{fmt(c['memory ratio'], '.2f', '×')} | {fmt(c['MFU'], '.1%')} | {fmt(c['compile s'], '.1f')} "
+                         f"| {note.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def chart(results: dict, path: Path) -> bool:
+    from .charts import bars  # lazy: matplotlib
+
+    labels, values = [], []
+    for name, g in results.get("grids", {}).items():
+        for c in g.get("cells", []):
+            if c.get("speed-up") is not None:
+                labels.append(f"{name}: {c['cell']}")
+                values.append(c["speed-up"])
+    return bars(path, labels, {"speed-up vs the grid's baseline": values}, "× baseline", "ablation", fmt="%.2f")
+
+
+SECTION = Section("ablation", "Ablation (maxout benchmark)", run, needs=(), min_s={"full": 60, "smoke": 15},
+                  max_s={"full": 420, "smoke": 180}, markdown=markdown, chart=chart)

@@ -1,0 +1,145 @@
+"""4. MFU: BERT-base at sequence length <= 128 and BERT-large at 512, bf16, with the batch finder's micro-batch
+(``train.batch_size=auto``) and ``hardware=auto``'s profile, against the data sheet's dense peak and against the
+matmul peak the environment section measured. Then torch.profiler over a few more steps of each: the top kernels
+and the share of device time that is neither matmul nor attention (where the rest of the time goes)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .. import workloads
+from ..registry import Context, Section
+
+MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)|\bmm\b|addmm|bmm|_tem_fused_.*mm|matmul|"
+                    r"wgmma|linear", re.I)
+ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|softmax.*mask|mha", re.I)
+
+
+def kind(kernel: str) -> str:
+    """matmul, attention or other, from a kernel's (or, on a CPU, an op's) name."""
+    return "attention" if ATTENTION.search(kernel) else "matmul" if MATMUL.search(kernel) else "other"
+
+
+def profile_steps(setup, steps: int = 3, top: int = 15) -> dict:
+    """Device time per kernel over ``steps`` more training steps of ``setup`` (CPU: self time per op)."""
+    import torch  # lazy: the parent process never imports torch for this
+    from torch.profiler import ProfilerActivity, profile
+
+    from maxout.metrics import Throughput  # lazy: imports torch
+    from maxout.train.loop import accumulation_groups, train_step  # lazy: imports torch
+
+    cuda = setup.device.is_cuda
+    groups = accumulation_groups(setup.train_loader, setup.accum_steps)
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    meter = Throughput(setup.device.torch_device)
+    with profile(activities=activities) as prof:
+        for _, group in zip(range(steps), groups):
+            train_step(setup, group, meter)
+        if cuda:
+            torch.cuda.synchronize()
+    wanted = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type != wanted:
+            continue
+        spent = getattr(event, "self_device_time_total", None) if cuda else event.self_cpu_time_total
+        if spent is None:  # torch before the device-neutral names
+            spent = event.self_cuda_time_total
+        if spent > 0:
+            times[event.key] = times.get(event.key, 0.0) + spent / 1000.0  # ms
+    total = sum(times.values()) or 1.0
+    shares = {k: sum(t for name, t in times.items() if kind(name) == k) / total for k in ("matmul", "attention",
+                                                                                          "other")}
+    ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
+    return {"steps": steps, "device_ms": total, "shares": shares,
+            "top": [{"kernel": name[:120], "ms": ms, "share": ms / total, "kind": kind(name)} for name, ms in ranked]}
+
+
+def cases(ctx: Context) -> list[dict]:
+    if ctx.full:
+        return [dict(name="BERT-base, seq <= 128", arch="bert_base", target=1024, steps=40,
+                     data=[*workloads.demo(ctx.work, copies=8), "data.max_length=128"]),
+                dict(name="BERT-large, seq 512", arch="bert_large", target=256, steps=20,
+                     data=workloads.long_mix(ctx.work, rows=1024, low=512, high=512))]
+    return [dict(name="tiny, seq <= 128", arch="tiny", target=32, steps=8,
+                 data=[*workloads.demo(ctx.work, rows=64), "data.max_length=128"])]
+
+
+def run(ctx: Context) -> None:
+    from maxout import loading, metrics  # lazy: imports torch
+    from maxout.tracking.tracker import NullTracker  # lazy: imports mlflow's pieces
+    from maxout.train import train  # lazy: imports torch
+
+    env = ctx.previous.get("environment", {}).get("results", {})
+    measured_peaks = {k: v["measured_tflops"] * 1e12 for k, v in env.get("matmul", {}).items()}
+    results = {}
+    for case in cases(ctx):
+        warmup = max(5, case["steps"] // 4)
+        overrides = [*workloads.model(case["arch"]), *case["data"], "tracking=none", "train.batch_size=auto",
+                     f"train.target_effective_batch={case['target']}", f"batch_finder.max_batch={case['target']}",
+                     f"batch_finder.cache_path={ctx.work / 'batch_finder.json'}", f"train.max_steps={case['steps']}",
+                     "train.epochs=1000", f"train.warmup_steps_excluded={warmup}", "train.log_every=5",
+                     "checkpoint.enabled=false"]
+        result = train(loading.load(overrides), tracker=NullTracker(), progress=False, verbose=True)
+        m, setup = result.metrics, result.setup
+        precision = setup.decision("precision").effective
+        tf32 = setup.decision("tf32").effective
+        peak_key = precision if precision != "fp32" else ("tf32" if tf32 else "fp32")
+        tokens_s = m.get("perf/steady_tokens_per_s", m["perf/tokens_per_s"])
+        mean_len = m["train/real_tokens"] / max(m["train/samples"], 1)
+        count = metrics.count_flops(setup.model, setup.model_config, mean_len)
+        measured = measured_peaks.get(peak_key)
+        results[case["name"]] = {
+            "micro_batch": setup.micro_batch, "accumulation": setup.accum_steps,
+            "batch_finder": {k.removeprefix("batch_finder."): v for k, v in result.params.items()
+                             if k.startswith("batch_finder.")},
+            "precision": precision, "compile": setup.decision("compile").effective,
+            "attention": setup.decision("attention").effective, "mean_length": mean_len,
+            "padding_efficiency": m["perf/padding_efficiency"], "steady_tokens_per_s": tokens_s,
+            "steady_samples_per_s": m.get("perf/steady_samples_per_s"), "flops_per_token": count.total,
+            "flops": {"forward": count.forward, "weight_grads": count.weight_grads,
+                      "input_grads": count.input_grads, "attention": count.attention},
+            "mfu_datasheet": m.get("perf/mfu"),
+            "mfu_measured_peak": count.total * tokens_s / measured if measured else None,
+            "measured_peak_tflops": measured / 1e12 if measured else None, "compile_s": m.get("time/compile_s"),
+            "peak_memory_gb": m.get("mem/peak_allocated_gb"), "gpu_utilization": m.get("gpu/utilization_mean")}
+        ctx.record("cases", results)
+        results[case["name"]]["profile"] = profile_steps(setup, steps=3 if ctx.full else 2)
+        ctx.record("cases", results)
+        del result, setup
+
+
+def markdown(results: dict) -> str:
+    fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
+    lines = ["| case | micro-batch × accumulation | tokens/s | FLOPs/token | MFU vs data sheet | MFU vs measured "
+             "matmul peak | padding efficiency | compile s | peak memory GiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, c in results.get("cases", {}).items():
+        lines.append(f"| {name} | {c['micro_batch']} × {c['accumulation']} | {c['steady_tokens_per_s']:.0f} | "
+                     f"{c['flops_per_token'] / 1e9:.3f} G | {fmt(c['mfu_datasheet'], '.1%')} | "
+                     f"{fmt(c['mfu_measured_peak'], '.1%')} | {c['padding_efficiency']:.1%} | "
+                     f"{fmt(c['compile_s'], '.1f')} | {fmt(c['peak_memory_gb'], '.1f')} |")
+    for name, c in results.get("cases", {}).items():
+        p = c.get("profile")
+        if not p:
+            continue
+        s = p["shares"]
+        lines += ["", f"Profile of {name} ({p['steps']} steps, {p['device_ms']:.1f} ms of kernel time): matmul "
+                      f"{s['matmul']:.0%}, attention {s['attention']:.0%}, other {s['other']:.0%}.", "",
+                  "| kernel | kind | ms | share |", "|---|---|---|---|"]
+        lines += [f"| `{k['kernel'][:90]}` | {k['kind']} | {k['ms']:.2f} | {k['share']:.1%} |" for k in p["top"]]
+    return "\n".join(lines)
+
+
+def chart(results: dict, path: Path) -> bool:
+    from .charts import bars  # lazy: matplotlib
+
+    cases_ = results.get("cases", {})
+    series = {"vs data sheet": [100 * (c["mfu_datasheet"] or 0) for c in cases_.values()],
+              "vs measured matmul peak": [100 * (c["mfu_measured_peak"] or 0) for c in cases_.values()]}
+    return bars(path, list(cases_), series, "MFU %", "model FLOPs utilization (bf16)")
+
+
+SECTION = Section("mfu", "MFU", run, needs=("cuda",), min_s={"full": 90, "smoke": 20},
+                  max_s={"full": 240, "smoke": 120}, markdown=markdown, chart=chart,
+                  why_cuda="needs a CUDA device: there is no meaningful peak to divide by on a CPU")

@@ -1,0 +1,56 @@
+"""7. Tracking: NVML's GPU utilization, sampled inside the training window of a BERT-base run, and what tracking
+costs: steady samples/s with the MLflow tracker (an embedded SQLite store, MLflow's system-metrics sampler on, a
+metrics batch every step: the worst case) against the null tracker, in one process, both orders
+(benchmarks/tracking_overhead.py's ``measure``)."""
+
+from __future__ import annotations
+
+from .. import workloads
+from ..registry import Context, Section
+
+
+def run(ctx: Context) -> None:
+    import torch  # lazy: the parent process never imports torch for this
+
+    from benchmarks import tracking_overhead  # lazy: imports maxout and torch
+    from maxout import loading  # lazy: imports torch
+    from maxout.tracking.tracker import NullTracker  # lazy: imports mlflow's pieces
+    from maxout.train import train  # lazy: imports torch
+
+    cuda = torch.cuda.is_available()
+    arch, batch, steps = ("bert_base", 64, 60) if ctx.full else ("tiny", 16, 4)
+    data = workloads.demo(ctx.work, copies=8) if ctx.full else workloads.demo(ctx.work, rows=64)
+    base = [*workloads.model(arch), *data, "hardware.compile=false", "checkpoint.enabled=false",
+            f"train.batch_size={batch}", f"train.target_effective_batch={batch}"]
+    if cuda:
+        result = train(loading.load([*base, "tracking=none", f"train.max_steps={steps}", "train.epochs=1000"]),
+                       tracker=NullTracker(), progress=False, verbose=False)
+        m = result.metrics
+        ctx.record("utilization", {"mean": m.get("gpu/utilization_mean"), "max": m.get("gpu/utilization_max"),
+                                   "samples_per_s": m.get("perf/steady_samples_per_s"), "steps": steps})
+        del result
+    else:
+        ctx.record("utilization", {"skipped": "no CUDA device: NVML has no GPU to sample"})
+    out = tracking_overhead.measure(base, reps=3 if ctx.full else 1, steps=steps, modes=["none", "mlflow"],
+                                    interval=2.0 if ctx.full else 0.5, store="sqlite")
+    ctx.record("overhead", {"model": arch, "steps": steps, "store": out["store"], "summary": out["summary"],
+                            "rows": out["rows"], "logging_path_ms": out["logging_path_ms"]})
+
+
+def markdown(results: dict) -> str:
+    u, o = results.get("utilization", {}), results.get("overhead", {})
+    lines = [f"GPU utilization (NVML, every 100 ms, inside the training window): {u['skipped']}" if "skipped" in u
+             else f"GPU utilization (NVML, every 100 ms, inside the training window of {u.get('steps')} BERT-base "
+                  f"steps): mean {u.get('mean')}, max {u.get('max')}."]
+    if o:
+        lines += ["", f"Tracking overhead ({o['store']} store, {o['model']}, {o['steps']} steps per run, a metrics "
+                      f"batch every step; logging path {o['logging_path_ms']:.3f} ms of main-thread CPU per step):", "",
+                  "| tracker | median samples/s | ratio vs null (per repetition, orders alternate) |", "|---|---|---|"]
+        for mode, s in o["summary"].items():
+            ratios = ", ".join(f"{r:.3f}" for r in s["ratios"])
+            lines.append(f"| {mode} | {s['median_samples_s']:.1f} | {s['median_ratio']:.3f} ({ratios}) |")
+    return "\n".join(lines)
+
+
+SECTION = Section("tracking", "Tracking: GPU utilization and overhead", run, needs=("mlflow",),
+                  min_s={"full": 60, "smoke": 20}, max_s={"full": 150, "smoke": 150}, markdown=markdown)

@@ -1,0 +1,252 @@
+"""Every GPU claim maxout makes, measured in one command: report.md, report.json and PNG charts in --out.
+
+    make gpu-report OUT=DIR [ARGS="--budget-s 540 --sections mfu,ablation"]
+    python -m benchmarks.gpu_report --out DIR          # or: python benchmarks/gpu_report.py --out DIR
+
+On the GPU machine (one H100 or H200, no network, Python 3.12 with torch and transformers; see benchmarks/README.md),
+after `make gpu-wheels` here, the device tool runs, carrying ``.gpu-wheels``:
+
+    set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site
+    .gpu-wheels/*.whl || exit 1; export PYTHONPATH=/tmp/site:$PWD/platform PYTHONUNBUFFERED=1; python3 -m
+    benchmarks.gpu_report --out $OUT --budget-s 540 2>&1 | tee $OUT/report.log
+
+(one line; benchmarks/README.md has it verbatim). The sections run in order of value (benchmarks/gpu/sections):
+the environment and the measured matmul peak, ``pytest -m gpu``, maxout vs the Hugging Face Trainer, MFU, the
+ablation, the batch finder against real memory, tracking. Each runs in its own process with a time limit; one that is
+not worth starting in the time left is skipped with the reason, and the report ends with the command that runs what
+was cut. On a machine without CUDA the CPU-safe sections run at ``--scale smoke`` (tiny models, a few steps) and the
+others say why they were skipped: tests/test_gpu_report.py runs it that way.
+
+Options: --budget-s (default 540: the device runs a command for at most 600 s), --sections (a comma-separated subset,
+run in registry order), --scale (auto: full with CUDA, smoke without), --cuda (auto: ask torch in a subprocess; no:
+rehearse the CPU path), --keep-work (keep the scratch folder: data, logs, each section's raw result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make `benchmarks.gpu` importable as it is under `python -m`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gpu import report  # noqa: E402 - after the path fix above
+from benchmarks.gpu.registry import SCALES, Context, Section, run_child  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = "benchmarks.gpu.sections:SECTIONS"
+RESERVE_S = 10.0  # kept back from the budget for the last report write and the charts
+LOG_TAIL = 25
+
+
+def load_registry(spec: str) -> list[Section]:
+    module, _, attr = spec.partition(":")
+    return list(getattr(importlib.import_module(module), attr))
+
+
+def cuda_visible(mode: str) -> bool:
+    """Whether torch sees a CUDA device, asked in a subprocess so that this process never holds a CUDA context
+    (its memory would shrink what the batch-finder section measures)."""
+    if mode != "auto":
+        return mode == "yes"
+    found = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True)
+    return found.stdout.strip().endswith("True")
+
+
+def missing_needs(section: Section, cuda: bool) -> str:
+    for need in section.needs:
+        if need == "cuda" and not cuda:
+            return section.why_cuda
+        if need != "cuda" and importlib.util.find_spec(need) is None:
+            return f"needs the {need} package, which is not installed"
+    return ""
+
+
+def commit() -> str | None:
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None
+
+
+class Runner:
+    """Runs the selected sections one by one, each in a child process within the budget, and rewrites the report
+    after each."""
+
+    def __init__(self, args: argparse.Namespace, sections: list[Section], selected: list[Section]):
+        self.args, self.sections = args, {s.name: s for s in sections}
+        self.selected = selected
+        self.started = time.time()
+        self.deadline = self.started + args.budget_s
+        self.cuda = cuda_visible(args.cuda)
+        self.scale = args.scale if args.scale != "auto" else ("full" if self.cuda else "smoke")
+        self.out = Path(args.out).resolve()
+        self.work = Path(tempfile.mkdtemp(prefix="maxout-gpu-report-"))
+        self.entries = [{"name": s.name, "status": "pending"} for s in selected]
+        self.meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": None,
+                     "cuda": self.cuda, "scale": self.scale, "budget_s": args.budget_s, "commit": commit(),
+                     "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.gpu_report", *sys.argv[1:]]),
+                     "python": sys.version.split()[0], "elapsed_s": 0.0}
+
+    def save(self) -> None:
+        self.meta["elapsed_s"] = time.time() - self.started
+        env = next((e for e in self.entries if e["name"] == "environment"), None)
+        if env and env.get("results", {}).get("device"):
+            self.meta["device"] = env["results"]["device"].get("name")
+        report.write(self.out, self.meta, self.entries, self.sections)
+
+    def run(self) -> int:
+        self.save()
+        for entry, section in zip(self.entries, self.selected):
+            left = self.deadline - time.time() - RESERVE_S
+            why = missing_needs(section, self.cuda)
+            if why:
+                entry.update(status="skipped", reason=why)
+            elif left < section.min_s[self.scale]:
+                entry.update(status="skipped", budget_cut=True,
+                             reason=f"time budget: {max(left, 0):.0f} s left, it needs at least "
+                                    f"{section.min_s[self.scale]} s")
+            else:
+                self.run_one(section, entry, min(section.max_s[self.scale], left))
+            print(f"gpu_report: {section.name}: {report.STATUS.get(entry['status'], entry['status'])}"
+                  f"{': ' + (entry.get('reason') or entry.get('error') or '') if entry['status'] != 'ok' else ''}",
+                  flush=True)
+            self.save()
+        self.summary()
+        return 1 if any(e["status"] in ("failed", "crashed") for e in self.entries) else 0
+
+    def run_one(self, section: Section, entry: dict, limit: float) -> None:
+        name = section.name
+        result_file, state_file, log_file = (self.work / f"{name}.{x}" for x in ("result.json", "state.json", "log"))
+        state_file.write_text(json.dumps({e["name"]: e for e in self.entries if e.get("results")}, default=str))
+        command = [sys.executable, "-m", "benchmarks.gpu_report", "--child", name, "--registry", self.args.registry,
+                   "--scale", self.scale, "--work", str(self.work), "--state", str(state_file), "--result",
+                   str(result_file), "--deadline", str(time.time() + limit)]
+        entry.update(status="running", limit_s=round(limit))
+        self.save()
+        started = time.time()
+        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        pump = threading.Thread(target=_pump, args=(child, log_file, name), daemon=True)
+        pump.start()
+        timed_out = False
+        try:
+            code = child.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            timed_out, code = True, _stop(child)
+        pump.join(timeout=10)
+        payload = json.loads(result_file.read_text()) if result_file.exists() else {}
+        entry.update(seconds=time.time() - started, results=payload.get("results", {}))
+        if timed_out:
+            kept = "; what it recorded before is kept" if entry["results"] else ""
+            entry.update(status="timeout", reason=f"killed at its limit of {limit:.0f} s{kept}",
+                         budget_cut=limit < section.max_s[self.scale])
+        elif code == 0 and payload.get("status") == "ok":
+            entry.update(status="ok")
+        elif payload.get("status") == "failed":
+            entry.update(status="failed", error=payload.get("error"), traceback=payload.get("traceback"))
+        else:
+            entry.update(status="crashed", error=f"the process ended with exit code {code} before it reported")
+        if entry["status"] != "ok" and log_file.exists():
+            entry["log_tail"] = log_file.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+
+    def summary(self) -> None:
+        print(f"\ngpu_report: {self.meta['device'] or 'unknown device'}, scale {self.scale}, "
+              f"{time.time() - self.started:.0f} s of a {self.args.budget_s:.0f} s budget; report in {self.out}")
+        for e in self.entries:
+            seconds = f"{e['seconds']:.0f} s" if e.get("seconds") is not None else ""
+            print(f"  {e['name']:14s} {report.STATUS.get(e['status'], e['status']):22s} {seconds:>6s}  "
+                  f"{e.get('reason') or e.get('error') or ''}")
+        cut = [e["name"] for e in self.entries if e.get("budget_cut")]
+        if cut:
+            print(f"  not finished for lack of time; next: python -m benchmarks.gpu_report --out DIR --sections "
+                  f"{','.join(cut)}")
+
+
+def _pump(child: subprocess.Popen, log_file: Path, name: str) -> None:
+    """Copy the child's output to its log and to this process's output, line by line."""
+    with open(log_file, "w") as log:
+        for line in child.stdout:
+            log.write(line)
+            print(f"[{name}] {line}", end="", flush=True)
+
+
+def _stop(child: subprocess.Popen) -> int | None:
+    """End the child and everything it started (its own session): SIGTERM, then SIGKILL after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return child.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return child.poll()
+
+
+def child_main(args: argparse.Namespace) -> int:
+    os.chdir(ROOT)
+    section = {s.name: s for s in load_registry(args.registry)}[args.child]
+    ctx = Context(section.name, args.scale, Path(args.work), json.loads(Path(args.state).read_text()),
+                  args.deadline, Path(args.result))
+    return run_child(section, ctx)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "gpu"), help="where the report goes")
+    p.add_argument("--budget-s", type=float, default=540.0, help="seconds for the whole report (default 540)")
+    p.add_argument("--sections", default=None, help="a comma-separated subset of the sections (registry order)")
+    p.add_argument("--scale", choices=("auto", *SCALES), default="auto",
+                   help="full: the real models; smoke: tiny ones, a few steps; auto: full with CUDA, else smoke")
+    p.add_argument("--cuda", choices=("auto", "yes", "no"), default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--keep-work", action="store_true", help="keep the scratch folder and print where it is")
+    p.add_argument("--registry", default=REGISTRY, help=argparse.SUPPRESS)  # tests run stand-in sections
+    for hidden in ("--child", "--work", "--state", "--result"):  # the child process's side
+        p.add_argument(hidden, help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.child:
+        return child_main(args)
+    sections = load_registry(args.registry)
+    names = [n.strip() for n in (args.sections or "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in {s.name for s in sections}]
+    if unknown:
+        print(f"gpu_report: error: unknown section {unknown[0]!r} (valid: {', '.join(s.name for s in sections)})",
+              file=sys.stderr)
+        return 2
+    if args.budget_s <= RESERVE_S:
+        print(f"gpu_report: error: --budget-s={args.budget_s:g} must be more than {RESERVE_S:g} s", file=sys.stderr)
+        return 2
+    runner = Runner(args, sections, [s for s in sections if not names or s.name in names])
+    try:
+        return runner.run()
+    finally:
+        if args.keep_work:
+            print(f"gpu_report: scratch folder kept: {runner.work}")
+        else:
+            shutil.rmtree(runner.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The GPU report (benchmarks/gpu_report.py) and what it carries (benchmarks/gpu/wheels.py, closure.py).
+
+Stand-in sections (tests/gpu_report_fakes.py) run in the real runner's child processes: one that works, one that
+raises, one that hangs past its limit, one that crashes, ones that cannot run here or do not fit the budget; the
+report keeps what each recorded and says why each did not finish. A runner killed mid-way leaves a report. The real
+report runs on this CPU at smoke scale: the CPU-safe sections run, the CUDA ones say why they did not. pytest's
+JUnit XML becomes per-test rows; the profile's kernel kinds; the wheel pins follow the lock; and maxout's GPU paths run
+with only the GPU image's packages and the carried wheels importable (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from benchmarks import gpu_report
+from benchmarks.gpu import wheels, workloads
+from benchmarks.gpu.sections import SECTIONS, gpu_tests, mfu
+
+from .conftest import ROOT
+
+FAKES = ["--registry", "tests.gpu_report_fakes:SECTIONS", "--cuda", "no"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def entries(out) -> dict:
+    return {e["name"]: e for e in json.loads((out / "report.json").read_text())["sections"]}
+
+
+def test_each_section_keeps_what_it_measured_and_says_why_it_did_not_finish(tmp_path, capsys):
+    out = tmp_path / "report"
+    code = gpu_report.main(["--out", str(out), "--budget-s", "120", *FAKES])
+    assert code == 1  # a section failed and one crashed: the command says so, the report is still whole
+    got = entries(out)
+    assert got["works"]["status"] == "ok" and got["works"]["results"]["value"] == 42
+    assert got["works"]["results"]["previous"] == []  # the first section: nothing before it
+    assert (got["raises"]["status"], got["raises"]["error"]) == ("failed", "ValueError: boom")
+    assert got["raises"]["results"] == {"half": "done"} and "Traceback" in got["raises"]["traceback"]
+    assert got["hangs"]["status"] == "timeout" and got["hangs"]["results"]["first"] == "measured"
+    assert got["hangs"]["reason"] == "killed at its limit of 3 s; what it recorded before is kept"
+    assert not got["hangs"].get("budget_cut")  # its own limit, not the budget: running it again would not help
+    assert got["crashes"]["status"] == "crashed" and got["crashes"]["results"] == {"before": "the crash"}
+    assert got["crashes"]["error"] == "the process ended with exit code 3 before it reported"
+    assert (got["needs_gpu"]["status"], got["needs_gpu"]["reason"]) == ("skipped", "needs a CUDA device, here")
+    assert got["needs_lib"]["reason"] == "needs the no_such_library_here package, which is not installed"
+    assert got["late"]["status"] == "skipped" and got["late"]["budget_cut"]
+    assert got["late"]["reason"].startswith("time budget: ") and got["late"]["reason"].endswith("needs at least "
+                                                                                               "10000 s")
+    with pytest.raises(ProcessLookupError):
+        os.kill(got["hangs"]["results"]["pid"], 0)  # the runner ended the hung section's process
+    report = (out / "report.md").read_text()
+    assert "| works | ok |" in report and "| value |\n|---|\n| 42 |" in report and "![Works](works.png)" in report
+    assert "| raises | FAILED |" in report and "ValueError: boom" in report and "second line" not in report
+    assert "Run them next: `python -m benchmarks.gpu_report --out DIR --sections late`" in report
+    assert (out / "works.png").read_bytes()[:8] == PNG
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md", "works.png"]
+    printed = capsys.readouterr().out
+    assert "gpu_report: works: ok" in printed and "gpu_report: raises: FAILED: ValueError: boom" in printed
+    assert "next: python -m benchmarks.gpu_report --out DIR --sections late" in printed
+
+
+def test_a_runner_killed_mid_way_leaves_the_report_of_every_section_before(tmp_path):
+    out, pid_file = tmp_path / "report", tmp_path / "hung.pid"
+    runner = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_report", "--out", str(out), "--sections",
+                               "works,hangs", *FAKES], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "FAKE_PID_FILE": str(pid_file)})
+    try:
+        for _ in range(600):  # until the second section is under way
+            if pid_file.exists() or runner.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert pid_file.exists(), "the hanging section never started"
+        runner.send_signal(signal.SIGKILL)  # the device's time limit, say: no chance to write anything more
+        runner.wait(timeout=30)
+        got = entries(out)
+        assert got["works"]["status"] == "ok" and got["works"]["results"]["value"] == 42
+        assert got["hangs"]["status"] == "running"
+        assert "| hangs | running |" in (out / "report.md").read_text()
+    finally:
+        runner.kill()
+        if pid_file.exists():  # the section's process, which the kill left behind in its own session
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_an_unknown_section_is_a_one_line_error(tmp_path, capsys):
+    assert gpu_report.main(["--out", str(tmp_path), "--sections", "works,nope", *FAKES]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("gpu_report: error: unknown section 'nope' (valid: works, raises, hangs, crashes, needs_gpu, "
+                   "needs_lib, late)")
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_the_sections_come_in_order_of_value():
+    assert [s.name for s in SECTIONS] == ["environment", "gpu_tests", "vs_trainer", "mfu", "ablation",
+                                          "batch_finder", "tracking"]
+    assert all({"cuda"} & set(s.needs) for s in SECTIONS if s.name in ("gpu_tests", "mfu", "batch_finder"))
+
+
+def test_pytest_outcomes_per_test_from_its_junit_xml(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_sample.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.gpu\ndef test_passes():\n    assert True\n\n"
+        "@pytest.mark.gpu\ndef test_fails():\n    assert 1 == 2, 'one is not two'\n\n"
+        "@pytest.mark.gpu\ndef test_skips():\n    pytest.skip('no device')\n\n"
+        "def test_not_gpu():\n    assert True\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA device\n")
+    result = gpu_tests.run_pytest([tmp_path / "tests" / "test_sample.py"], tmp_path / "junit.xml", timeout=120,
+                                  cwd=tmp_path)
+    rows = {r["id"].split("::")[1]: r for r in result["tests"]}
+    assert set(rows) == {"test_passes", "test_fails", "test_skips"}  # -m gpu deselected the other
+    assert rows["test_passes"]["outcome"] == "passed" and rows["test_skips"]["outcome"] == "skipped"
+    assert rows["test_fails"]["outcome"] == "failed" and "one is not two" in rows["test_fails"]["message"]
+    assert result["summary"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1, "exit_code": 1,
+                                 "timed_out": False, "files": ["tests/test_sample.py"]}
+    verbose = gpu_tests.parse_verbose("tests/test_a.py::test_x PASSED  [ 50%]\ntests/test_a.py::test_y FAILED\nnoise")
+    assert [(r["id"], r["outcome"]) for r in verbose] == [("tests/test_a.py::test_x", "passed"),
+                                                         ("tests/test_a.py::test_y", "failed")]
+
+
+def test_the_gpu_test_files_are_the_ones_with_gpu_marks():
+    files = {p.name for p in gpu_tests.gpu_test_files()}
+    assert {"test_gpu.py", "test_batch_finder.py"} <= files and "test_platform.py" not in files
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT", "matmul"), ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "matmul"),
+    ("triton_tem_fused_addmm_0", "matmul"), ("aten::addmm", "matmul"),
+    ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"), ("aten::_scaled_dot_product_attention", "attention"),
+    ("triton_per_fused_add_native_layer_norm_3", "other"), ("void at::native::vectorized_elementwise_kernel", "other"),
+    ("multi_tensor_apply_kernel<FusedAdamMathFunctor>", "other"),
+])
+def test_profile_kernels_are_told_apart_by_name(name, kind):
+    assert mfu.kind(name) == kind
+
+
+def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
+    from maxout import loading
+    from maxout.train import prepare
+    from maxout.train.setup import build
+
+    cfg = loading.load(["hardware=cpu", *workloads.model("tiny"), *workloads.demo(tmp_path, rows=32),
+                        "tracking=none", "train.batch_size=8"])
+    checked = prepare.check(cfg)
+    from maxout import hardware
+
+    profile = mfu.profile_steps(build(cfg, hardware.detect(), checked.dataset, checked.tokenizer), steps=2)
+    assert profile["steps"] == 2 and profile["device_ms"] > 0
+    assert sum(profile["shares"].values()) == pytest.approx(1.0) and profile["shares"]["matmul"] > 0
+    assert profile["top"] and all(t["kind"] in ("matmul", "attention", "other") for t in profile["top"])
+
+
+def test_the_long_mix_lies_in_its_length_range(tmp_path):
+    from maxout import loading, modeling
+
+    overrides = workloads.long_mix(tmp_path, rows=6, low=40, high=64)
+    assert overrides[-1] == "data.max_length=64"
+    rows = pd.read_csv(tmp_path / "long-40-64-6-train.csv")
+    tokenizer = modeling.load_tokenizer(loading.load(workloads.model("tiny")).model)
+    lengths = [len(tokenizer(p, c, truncation=True, max_length=64)["input_ids"]) for p, c in
+               zip(rows["post"], rows["criterion"])]
+    assert len(lengths) == 6 and all(40 <= n <= 64 for n in lengths)
+
+
+def test_the_wheel_pins_follow_the_lock_and_the_image_list_parses():
+    lock = wheels.pins(ROOT / "constraints.txt")
+    carried = wheels.pins()
+    assert {n: v for n, v in carried.items() if lock.get(n) != v} == {}  # every pin is the lock's version
+    image = wheels.image()
+    assert image["torch"] is not None and str(image["transformers"]) == "5.17.0" and image["matplotlib"] is None
+    assert not set(carried) & {n for n in image if n != "typing-extensions"}  # nothing the image has, but one
+
+
+@pytest.mark.slow
+def test_maxouts_gpu_paths_import_nothing_the_gpu_machine_lacks():
+    """The carried set, checked with the venv's copies of the same versions (make gpu-wheels checks the files)."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.closure", "--allow", ",".join(wheels.pins())],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "closure: ok: imports; tracked training on SQLite with the pyfunc model; optuna study" in done.stdout
+    without = ",".join(n for n in wheels.pins() if n != "sqlalchemy")
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.gpu.closure", "--allow", without], cwd=ROOT,
+                             capture_output=True, text=True, timeout=900)
+    assert refused.returncode == 1 and "closure: refused sqlalchemy" in refused.stderr  # the check can fail
+
+
+@pytest.mark.slow
+def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path):
+    out = tmp_path / "report"
+    done = subprocess.run([sys.executable, "benchmarks/gpu_report.py", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    got = entries(out)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert {n: e["status"] for n, e in got.items()} == {
+        "environment": "ok", "gpu_tests": "skipped", "vs_trainer": "ok", "mfu": "skipped", "ablation": "ok",
+        "batch_finder": "skipped", "tracking": "ok"}
+    assert got["gpu_tests"]["reason"] == "needs a CUDA device: every gpu-marked test would skip"
+    assert got["mfu"]["reason"].startswith("needs a CUDA device: there is no meaningful peak")
+    assert got["environment"]["results"]["cuda"] is False and got["environment"]["results"]["matmul"]["bf16"][
+        "measured_tflops"] > 0
+    (mix,) = got["vs_trainer"]["results"]["mixes"].values()
+    assert mix["ratio_vs_trainer_best"] > 0 and len(mix["runs"]["maxout"]) == 2  # maxout first, then last
+    (grid,) = got["ablation"]["results"]["grids"].values()
+    assert [c["cell"] for c in grid["cells"]] == ["fused_adamw=off", "fused_adamw=on"]
+    assert got["tracking"]["results"]["overhead"]["summary"]["mlflow"]["median_ratio"] > 0
+    files = sorted(p.name for p in out.iterdir())
+    assert files[:2] == ["ablation.png", "environment.png"] and {"report.json", "report.md"} <= set(files)
+    assert len(files) <= 7 and all((out / f).stat().st_size < 16 * 2**20 for f in files)  # + the command's log
+    report = (out / "report.md").read_text()
+    for section in SECTIONS:
+        assert f"## {section.title}" in report
+    assert "scale **smoke**" in report and "| gpu_tests | skipped |" in report
