@@ -36,6 +36,17 @@ def test_bert_base_full_fine_tuning_is_6n_plus_the_attention_term():
     assert metrics.flops_per_token(build(bert()), bert(), S) == pytest.approx(expected, rel=1e-12)
 
 
+def test_attention_modules_without_is_causal_are_counted_from_the_config():
+    """transformers 4's BERT attention has no `is_causal`: the layers come from the config instead."""
+    config = bert(layers=2, d=64, ff=128, heads=4)
+    model = build(config)
+    expected = metrics.count_flops(model, config, 30.0)
+    for module in model.modules():
+        if hasattr(module, "is_causal"):
+            del module.is_causal
+    assert metrics.count_flops(model, config, 30.0) == expected and expected.attention == 12 * 2 * 64 * 30.0
+
+
 def test_bert_base_with_a_frozen_encoder_runs_no_backward_through_it():
     L, d, ff, S = 12, 768, 3072, 100.0
     model = build(bert())

@@ -207,6 +207,10 @@ def count_flops(model: torch.nn.Module, config: Any, mean_seq_len: float, probe_
         forward += flops
         weight_grads += flops if layer.trains else 0.0
         input_grads += flops if layer.input_grad else 0.0
+    if not attentions:  # attention modules without `is_causal` (transformers 4's BERT): one per layer, per config
+        backward = any(layer.input_grad for layer in linears)
+        attentions = [_Attention(bool(getattr(config, "is_decoder", False)), None, backward)] * getattr(
+            config, "num_hidden_layers", 0)
     heads = getattr(config, "num_attention_heads", 0)
     width = heads * (getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // max(heads, 1))
     attention = sum(4.0 * width * _keys_per_query(mean_seq_len, a.causal, a.window) * (3 if a.backward else 1)

@@ -3,6 +3,7 @@ verbose lines so far)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -48,8 +49,10 @@ def run_pytest(files: list[Path], junit: Path, timeout: float, marker: str = "gp
     """Run pytest on ``files`` with ``-m marker`` in a subprocess; the per-test rows and a summary."""
     command = [sys.executable, "-m", "pytest", "-m", marker, "-v", "-p", "no:cacheprovider", f"--junitxml={junit}",
                "-o", "junit_family=xunit2", *map(str, files)]
+    # deterministic tests need cuBLAS's fixed workspace before the process's first matmul, whichever test runs first
+    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
     try:
-        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
         output, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as err:
         output, code = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or ""), None
