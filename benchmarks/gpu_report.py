@@ -140,8 +140,10 @@ class Runner:
         entry.update(status="running", limit_s=round(limit))
         self.save()
         started = time.time()
+        # maxout's own files (checkpoints, the batch finder's cache, the spool) go to the scratch folder, not the tree
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "MAXOUT_STATE_DIR": str(self.work / "state")}
         child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                 start_new_session=True, env=env)
         pump = threading.Thread(target=_pump, args=(child, log_file, name), daemon=True)
         pump.start()
         timed_out = False
