@@ -124,6 +124,8 @@ def trainer_run(args, best: bool, precision: str, attention: str, compile: bool 
                      train_sampling_strategy="group_by_length", optim="adamw_torch_fused", torch_compile=compile)
         if tf32:
             flags["tf32"] = True
+        if args.trainer_workers:  # no respawn per epoch, as maxout's profiles do
+            flags["dataloader_persistent_workers"] = True
     trainer = Trainer(model=model, args=TrainingArguments(**flags), train_dataset=rows,
                       data_collator=DataCollatorWithPadding(tok), callbacks=[clock])
     if torch.cuda.is_available():
