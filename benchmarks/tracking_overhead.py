@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or "none" not in modes:
         parser.error(f"--modes needs 'none' and only {', '.join(MODES)} (got {args.modes})")
     out = measure(args.overrides, args.reps, args.steps, modes, args.interval, args.store)
-    print(f"{out['device']} ({out['kind']}), {args.store} store, {args.reps} interleaved repetitions of {args.steps} steps, "
-          f"log_every=1, system-metrics interval {args.interval:g} s\n")
+    print(f"{out['device']} ({out['kind']}), {args.store} store, {args.reps} interleaved repetitions of "
+          f"{args.steps} steps, log_every=1, system-metrics interval {args.interval:g} s\n")
     # CPU overhead: all the CPU used during fit() (main thread, other threads, server) over the null tracker's, as a
     # share of the null tracker's. On a saturated machine this is what tracking takes from training; unlike
     # samples/s it hardly moves with other processes' load.

@@ -1,4 +1,4 @@
-"""The wheels the GPU machine's image lacks: fetch them for CPython 3.12 on manylinux x86_64, and prove the set complete.
+"""The wheels the GPU machine's image lacks: fetch them for CPython 3.12 / manylinux x86_64, prove the set complete.
 
     python benchmarks/gpu/wheels.py download [--dest .gpu-wheels]     # make gpu-wheels runs both
     python benchmarks/gpu/wheels.py check [--dest .gpu-wheels]
@@ -93,7 +93,8 @@ def download(dest: Path) -> int:
     for name, version in wanted.items():
         if name in have:
             continue
-        got = pip("download", "-q", "--no-deps", "--only-binary=:all:", *GPU_TAGS, "-d", str(dest), f"{name}=={version}")
+        got = pip("download", "-q", "--no-deps", "--only-binary=:all:", *GPU_TAGS, "-d", str(dest),
+                  f"{name}=={version}")
         if got.returncode != 0:  # no wheel on the index: build the pure-Python one from source
             built = pip("wheel", "-q", "--no-deps", "--no-binary", name, "-w", str(dest), f"{name}=={version}")
             if built.returncode != 0:

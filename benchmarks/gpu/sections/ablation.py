@@ -44,7 +44,8 @@ def run(ctx: Context) -> None:
     done: dict[str, dict] = {}
     for name, spec, extra, needs_s in grids(ctx, cuda):
         if ctx.left() < needs_s:
-            done[name] = {"grid": spec, "left_out": f"{ctx.left():.0f} s left in the section, the grid needs ~{needs_s} s"}
+            done[name] = {"grid": spec,
+                          "left_out": f"{ctx.left():.0f} s left in the section, the grid needs ~{needs_s} s"}
             ctx.record("grids", done)
             continue
         started = time.time()
@@ -74,8 +75,8 @@ def markdown(results: dict) -> str:
             note = f"{c['status']}: {note}" if c["status"] != "ok" else note
             lines.append(f"| {name} | {c['cell']} | {fmt(c['steady samples/s'], '.1f')} | "
                          f"{fmt(c['speed-up'], '.2f', '×')} | {fmt(c['peak memory GiB'], '.2f')} | "
-                         f"{fmt(c['memory ratio'], '.2f', '×')} | {fmt(c['MFU'], '.1%')} | {fmt(c['compile s'], '.1f')} "
-                         f"| {note.replace('|', '/')} |")
+                         f"{fmt(c['memory ratio'], '.2f', '×')} | {fmt(c['MFU'], '.1%')} | "
+                         f"{fmt(c['compile s'], '.1f')} | {note.replace('|', '/')} |")
     return "\n".join(lines)
 
 

@@ -6,7 +6,6 @@ margin between them."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from .. import workloads
 from ..registry import Context, Section

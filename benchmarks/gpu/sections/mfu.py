@@ -113,7 +113,8 @@ def run(ctx: Context) -> None:
 def markdown(results: dict) -> str:
     fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     lines = ["| case | micro-batch × accumulation | tokens/s | FLOPs/token | MFU vs data sheet | MFU vs measured "
-             "matmul peak | padding efficiency | compile s | peak memory GiB |", "|---|---|---|---|---|---|---|---|---|"]
+             "matmul peak | padding efficiency | compile s | peak memory GiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, c in results.get("cases", {}).items():
         lines.append(f"| {name} | {c['micro_batch']} × {c['accumulation']} | {c['steady_tokens_per_s']:.0f} | "
                      f"{c['flops_per_token'] / 1e9:.3f} G | {fmt(c['mfu_datasheet'], '.1%')} | "

@@ -36,7 +36,8 @@ def run(ctx: Context) -> None:
     results = {}
     for name, data in mixes(ctx):
         args = argparse.Namespace(model="tiny", batch=64 if ctx.full else 16, precision="bf16", compile=None,
-                                  epochs=2, warmup=3 if ctx.full else 1, trainer_attention="default", trainer_workers=workers, rounds=1,
+                                  epochs=2, warmup=3 if ctx.full else 1, trainer_attention="default",
+                                  trainer_workers=workers, rounds=1,
                                   override=[*workloads.model(arch, group=False), *data], maxout_override=[])
         report = bench.measure(args, contenders, log=print)
         results[name] = {k: v for k, v in report.items() if k not in ("date", "torch", "device", "overrides")}
@@ -51,8 +52,8 @@ def _mean(runs: list, key: str):
 
 def markdown(results: dict) -> str:
     lines = [f"Model: random {results.get('model', '?')}; two epochs per contender, the second timed; both orders.",
-             "", "| mix | contender | samples/s | tokens/s | peak memory GiB | compile s | maxout ÷ this (maxout first / "
-             "last) |", "|---|---|---|---|---|---|---|"]
+             "", "| mix | contender | samples/s | tokens/s | peak memory GiB | compile s | maxout ÷ this (maxout "
+             "first / last) |", "|---|---|---|---|---|---|---|"]
     for mix, r in results.get("mixes", {}).items():
         per_order = r.get("ratios_per_order", [])
         for contender, runs in r["runs"].items():
