@@ -124,9 +124,10 @@ def test_reduce_overhead_captures_and_replays_cuda_graphs_with_static_shapes(mon
     counters.clear()
     monkeypatch.setattr(torch._inductor.config.triton, "cudagraph_or_error", True)  # a skipped graph is an error
     profile = ProfileSteps(start=8, stop=11)
+    # every step the same shape: 16 rows of 64 tokens (an epoch's short last batch would be a second graph)
     result, tracker = run("hardware.compile=true", "hardware.compile_mode=reduce-overhead", "data.padding=max_length",
-                          "data.max_length=64", "data.bucketing=false", "train.max_steps=12", base=GPU_TINY,
-                          callbacks=[profile])
+                          "data.max_length=64", "data.bucketing=false", "train.batch_size=16",
+                          "train.target_effective_batch=16", "train.max_steps=12", base=GPU_TINY, callbacks=[profile])
     assert tracker.params["opt.compile_mode.effective"] == "reduce-overhead"
     assert result.metrics["time/compile_s"] > 0
     assert counters["inductor"]["cudagraph_skips"] == 0
