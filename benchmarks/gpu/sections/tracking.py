@@ -1,4 +1,5 @@
-"""7. Tracking: NVML's GPU utilization, sampled inside the training window of a BERT-base run, and what tracking
+"""7. Tracking: NVML's GPU utilization, sampled inside the training window of a MiniLM-sized run (the default
+model's size: short steps, the worst case for anything the loop does besides training), and what tracking
 costs: steady samples/s with the MLflow tracker (an embedded SQLite store, MLflow's system-metrics sampler on, a
 metrics batch every step: the worst case) against the null tracker, in one process, both orders
 (benchmarks/tracking_overhead.py's ``measure``)."""
@@ -18,7 +19,7 @@ def run(ctx: Context) -> None:
     from maxout.train import train  # lazy: imports torch
 
     cuda = torch.cuda.is_available()
-    arch, batch, steps = ("bert_base", 64, 60) if ctx.full else ("tiny", 16, 4)
+    arch, batch, steps = ("minilm", 64, 60) if ctx.full else ("tiny", 16, 4)
     data = workloads.demo(ctx.work, copies=8) if ctx.full else workloads.demo(ctx.work, rows=64)
     base = [*workloads.model(arch), *data, "hardware.compile=false", "checkpoint.enabled=false",
             f"train.batch_size={batch}", f"train.target_effective_batch={batch}"]
@@ -27,7 +28,8 @@ def run(ctx: Context) -> None:
                        tracker=NullTracker(), progress=False, verbose=False)
         m = result.metrics
         ctx.record("utilization", {"mean": m.get("gpu/utilization_mean"), "max": m.get("gpu/utilization_max"),
-                                   "samples_per_s": m.get("perf/steady_samples_per_s"), "steps": steps})
+                                   "samples_per_s": m.get("perf/steady_samples_per_s"), "steps": steps,
+                                   "model": arch})
         del result
     else:
         ctx.record("utilization", {"skipped": "no CUDA device: NVML has no GPU to sample"})
@@ -40,8 +42,8 @@ def run(ctx: Context) -> None:
 def markdown(results: dict) -> str:
     u, o = results.get("utilization", {}), results.get("overhead", {})
     lines = [f"GPU utilization (NVML, every 100 ms, inside the training window): {u['skipped']}" if "skipped" in u
-             else f"GPU utilization (NVML, every 100 ms, inside the training window of {u.get('steps')} BERT-base "
-                  f"steps): mean {u.get('mean')}, max {u.get('max')}."]
+             else f"GPU utilization (NVML, every 100 ms, inside the training window of {u.get('steps')} steps of "
+                  f"random {u.get('model')}): mean {u.get('mean')}, max {u.get('max')}."]
     if o:
         lines += ["", f"Tracking overhead ({o['store']} store, {o['model']}, {o['steps']} steps per run, a metrics "
                       f"batch every step; logging path {o['logging_path_ms']:.3f} ms of main-thread CPU per step):", "",
