@@ -1,22 +1,37 @@
 """The bad-input sweep: every case is a real command line (plus environment) that a user could type. Each must give
 ONE line on stderr naming the bad value and the fix, exit 2 for usage errors (1 for a missing file or server), and
 leave no MLflow run behind: loading.py and train/prepare.py find them all before a run, a model load or a compile.
-The README's troubleshooting section lists these cases."""
+The README's troubleshooting section lists these cases.
+
+Below them, what can only go wrong once a run has started (divergence, a signal while the model is logged) and
+prediction on rows without text: never a FINISHED run with a wrong model, never a model that did not finish
+logging picked by predict or the registry."""
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+import mlflow
+import pandas as pd
 import pytest
+from mlflow.exceptions import MlflowException
 
 from maxout import cli
+from maxout.errors import MaxoutError
+from maxout.registry import promotion
 
-from .conftest import runs_in
+from .conftest import MLFLOW_VARS, ROOT, TINY, runs_in
 from .services import free_port
 
 TRAIN = ["train", "model=tiny", "train.max_steps=1"]
 PAIR_DATA = ["data=files", "data.text_column=post", "data.text_pair_column=criterion"]
+
+
+V_NULL_TEXT = '{"post": "a", "criterion": "b", "label": 0}\n{"post": null, "criterion": "d", "label": 1}\n'
 
 
 def write(tmp_path, name: str, content: str) -> str:
@@ -59,6 +74,22 @@ CASES = {
                                        ["data.validation_split=1.5 must be in (0, 1)"]),
     "pretrained_without_a_path": Case(["model.source=pretrained", "model.name_or_path="], 2,
                                       ["has source=pretrained but neither", "set model.path=DIR"]),
+    # non-finite numbers: OmegaConf reads inf and nan as floats; one walk over every numeric setting refuses them
+    "infinite_lr": Case(["train.lr=inf"], 2, ["train.lr=inf is not a finite number", "(default: 5e-05)"]),
+    "nan_lr": Case(["train.lr=nan"], 2, ["train.lr=nan is not a finite number"]),
+    "non_finite_in_every_section": Case(["train.max_grad_norm=-inf", "data.validation_split=nan",
+                                         "registry.lock_ttl_s=inf", "+model.architecture.hidden_dropout_prob=nan"],
+                                        2, ["4 problems: ", "train.max_grad_norm=-inf is not a finite number",
+                                            "data.validation_split=nan is not a finite number",
+                                            "registry.lock_ttl_s=inf is not a finite number",
+                                            "model.architecture.hidden_dropout_prob=nan is not a finite number"]),
+    # data.max_length beyond the model's position embeddings: refused before the run (a clamp would train on
+    # something else than the config says)
+    "max_length_beyond_positions": Case(["data.max_length=2048"], 2,
+                                        ["data.max_length=2048 is more than model 'tiny' can take: 512 tokens "
+                                         "(max_position_embeddings=512); set data.max_length=512 or less"]),
+    "max_length_beyond_a_smaller_table": Case(["model.architecture.max_position_embeddings=64", "data.max_length=65"],
+                                              2, ["data.max_length=65 is more than model 'tiny' can take: 64"]),
     # --- data files (runtime errors: exit 1; several problems are listed together)
     "both_data_files_missing": Case([*PAIR_DATA, "data.train_path=nope/train.csv",
                                      "data.validation_path=nope/validation.csv"], 1,
@@ -72,6 +103,31 @@ CASES = {
                             1, ["cannot read", "t.jsonl as jsonl"]),
     "missing_pair_column": Case([*PAIR_DATA, train_file("t.csv", "post,label\na,0\nb,1\n")], 1,
                                 ["data.text_pair_column='criterion' is not a column of", "(columns: post, label)"]),
+    # empty cells: a label '' would become a class of its own, an empty text the string 'nan' or 'None'
+    "empty_label_cells": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,\ne,f,1\ng,h,\n"
+                                                                "i,j,1\n")], 1,
+                              ["t.csv has 2 of 5 rows with an empty cell ('label': 2; rows 2 and 4)",
+                               "set data.on_missing=drop"]),
+    "null_labels_in_jsonl": Case([*PAIR_DATA, train_file("t.jsonl", "".join(
+        f'{{"post": "p{i}", "criterion": "c", "label": {"null" if i % 3 == 0 else i % 2}}}\n' for i in range(9)))],
+                                 1, ["t.jsonl has 3 of 9 rows with an empty cell ('label': 3; rows 1, 4 and 7)"]),
+    "blank_text_cells": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\n  ,b,0\nc,,1\ne,f,1\ng,h,0\n")],
+                             1, ["t.csv has 2 of 4 rows with an empty cell ('post': 1, 'criterion': 1; rows 1 and 2)"]),
+    "empty_text_in_validation_file": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,1\n"),
+                                           lambda tmp: f"data.validation_path={write(tmp, 'v.jsonl', V_NULL_TEXT)}"],
+                                          1, ["v.jsonl has 1 of 2 rows with an empty cell ('post': 1; row 2)"]),
+    "data_path_is_a_directory": Case([*PAIR_DATA, lambda tmp: f"data.train_path={tmp}"], 1,
+                                     ["is a directory (resolved to", "not a file; point data.train_path"]),
+    "validation_path_is_a_directory": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,1\n"),
+                                            lambda tmp: f"data.validation_path={tmp}"], 1, ["is a directory"]),
+    "duplicate_columns": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label,label\na,b,0,1\nc,d,1,0\n")], 1,
+                              ["t.csv has the column 'label' 2 times (columns: post, criterion, label, label)",
+                               "rename or remove the repeats"]),
+    "duplicate_text_column_in_tsv": Case([*PAIR_DATA, train_file("t.tsv", "post\tpost\tcriterion\tlabel\na\tx\tb\t0\n")],
+                                         1, ["has the column 'post' 2 times"]),
+    "duplicate_keys_in_jsonl": Case([*PAIR_DATA, train_file("t.jsonl", '{"post": "a", "criterion": "b", "label": 0}\n'
+                                                                      '{"post": "a", "label": 1, "label": 0}\n')], 1,
+                                    ["t.jsonl has the column 'label' 2 times"]),
     # --- model paths
     "model_path_missing": Case(["model=bert_base", "model.path=/nonexistent/bert"], 1,
                                ["model.path='/nonexistent/bert' is not a directory",
@@ -141,3 +197,45 @@ def test_bad_input(name, tmp_path, mlflow_store, capsys, monkeypatch):
     assert not missing, (missing, err)
     # Nothing started, so nothing is left RUNNING (a store never opened holds no run, and opening it costs seconds).
     assert not (mlflow_store["dir"] / "mlflow.db").exists() or runs_in(mlflow_store["uri"]) == []
+
+
+# ------------------------------------------------------------------------------------------------------------
+# After the run started: the run ends FAILED (KILLED on a signal) with the reason, and no model is logged or
+# registered. These train the tiny model for a few steps.
+
+def only_run(uri: str):
+    runs = runs_in(uri)
+    assert len(runs) == 1, [r.info.status for r in runs]
+    return runs[0]
+
+
+def logged_models(uri: str) -> list:
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    return list(client.search_logged_models([e.experiment_id for e in client.search_experiments()]))
+
+
+def registered(uri: str) -> list[str]:
+    return [m.name for m in mlflow.MlflowClient(tracking_uri=uri).search_registered_models()]
+
+
+def train_args(tmp_path, store, *extra: str) -> list[str]:
+    return ["train", "model=tiny", "hardware=cpu", *store["overrides"], f"checkpoint.dir={tmp_path / 'ckpt'}",
+            f"tracking.spool_dir={tmp_path / 'spool'}", *extra, "--no-progress"]
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # the start-up banner comes first
+    assert err.startswith("maxout: error: "), err
+    return err
+
+
+def test_empty_rows_dropped_on_request_are_counted(tmp_path, mlflow_store, capsys):
+    rows = "".join(f"p{i},c{i},{'' if i % 5 == 0 else i % 2}\n" for i in range(40))  # 8 empty labels
+    train_path = write(tmp_path, "t.csv", "post,criterion,label\n" + rows + " ,c,1\n")  # and a blank post
+    code = run(train_args(tmp_path, mlflow_store, *PAIR_DATA, f"data.train_path={train_path}",
+                          "data.on_missing=drop", "train.max_steps=1"))
+    assert code == 0, capsys.readouterr().err
+    assert "data.on_missing=drop: left out 9 train rows" in capsys.readouterr().err
+    params = only_run(mlflow_store["uri"]).data.params
+    assert params["derived.rows_dropped_train"] == "9" and params["derived.labels"] == "0,1"
+    assert int(params["derived.train_samples"]) + int(params["derived.validation_samples"]) == 32

@@ -192,5 +192,6 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
         "data_fingerprint": dataset.fingerprint, "params_total": counts["total"],
         "params_trainable": counts["trainable"], "host_sync_every_steps": cfg.train.log_every,
         "zero_grad_set_to_none": True,
+        **{f"rows_dropped_{split}": n for split, n in dataset.dropped.items()},  # data.on_missing=drop
     }
     return setup
