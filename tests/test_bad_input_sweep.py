@@ -229,6 +229,37 @@ def one_line(capsys) -> str:
     return err
 
 
+# lr=1e9: Adam moves every weight by ~1e9 at step 1, so step 2's forward pass overflows (loss NaN). The watch
+# records step 2 on the device and the run fails at the next point where the loop syncs anyway: wherever that
+# is, the step named is the one where it began. With one step only, no training loss ever sees the bad weights:
+# the evaluation loss does.
+DIVERGING = ["train.lr=1e9", "registry.name=diverged"]
+
+
+@pytest.mark.parametrize("extra, step, what", [
+    (["train.max_steps=6", "train.log_every=1"], 2, "loss nan"),
+    (["train.max_steps=6", "train.log_every=50", "train.max_grad_norm=0"], 2, "loss nan"),
+    (["train.max_steps=6", "train.log_every=50", "checkpoint.every_n_steps=1", "hardware.precision=fp32"], 2,
+     "loss nan"),
+    (["train.max_steps=1"], 1, "the weights after it give an evaluation loss of nan"),
+], ids=["found_at_the_next_log_step", "clipping_off_found_at_the_end", "fp32_found_before_a_checkpoint",
+        "last_update_found_by_evaluation"])
+def test_a_diverging_run_fails_at_the_step_it_began_and_logs_no_model(extra, step, what, tmp_path, mlflow_store,
+                                                                      capsys):
+    code = run(train_args(tmp_path, mlflow_store, *DIVERGING, *extra))
+    err = one_line(capsys)
+    assert code == 1, err
+    assert f"training diverged at step {step}: {what}" in err and "lower train.lr (now 1e+09)" in err, err
+    assert ("clip gradients (train.max_grad_norm=1.0)" in err) == ("train.max_grad_norm=0" in extra), err
+    run_ = only_run(mlflow_store["uri"])
+    assert run_.info.status == "FAILED" and run_.data.tags["maxout.diverged_at_step"] == str(step)
+    assert f"training diverged at step {step}" in run_.data.tags["maxout.status_reason"]
+    assert "maxout.model_uri" not in run_.data.tags and "eval/accuracy" not in run_.data.metrics  # never scored
+    assert logged_models(mlflow_store["uri"]) == [] and registered(mlflow_store["uri"]) == []
+    saved = sorted(p.name for p in (tmp_path / "ckpt").rglob("step-*.pt"))
+    assert saved == (["step-00000001.pt"] if "checkpoint.every_n_steps=1" in extra else []), saved
+
+
 def test_empty_rows_dropped_on_request_are_counted(tmp_path, mlflow_store, capsys):
     rows = "".join(f"p{i},c{i},{'' if i % 5 == 0 else i % 2}\n" for i in range(40))  # 8 empty labels
     train_path = write(tmp_path, "t.csv", "post,criterion,label\n" + rows + " ,c,1\n")  # and a blank post
