@@ -270,3 +270,72 @@ def test_empty_rows_dropped_on_request_are_counted(tmp_path, mlflow_store, capsy
     params = only_run(mlflow_store["uri"]).data.params
     assert params["derived.rows_dropped_train"] == "9" and params["derived.labels"] == "0,1"
     assert int(params["derived.train_samples"]) + int(params["derived.validation_samples"]) == 32
+
+
+def test_a_signal_while_the_model_is_logged_leaves_it_failed_never_pending(tmp_path, mlflow_store, capsys,
+                                                                          monkeypatch):
+    """SIGTERM arrives while the model's files are uploaded: MLflow marks a model FAILED on an Exception, but a
+    signal is not one, and the model stayed PENDING. Now: FAILED, the run KILLED, nothing registered, and
+    predict refuses the model."""
+    upload = mlflow.MlflowClient.log_model_artifacts
+
+    def interrupted(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises Terminated in this thread, right here
+        return upload(self, *args, **kwargs)
+
+    monkeypatch.setattr(mlflow.MlflowClient, "log_model_artifacts", interrupted)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        code = run(train_args(tmp_path, mlflow_store, "train.max_steps=2", "registry.name=interrupted"))
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # cli.main installed its own, which ignores a second SIGTERM
+    monkeypatch.undo()
+    assert code == 143 and capsys.readouterr().err.strip().endswith("maxout: terminated (SIGTERM)")
+    uri = mlflow_store["uri"]
+    run_ = only_run(uri)
+    assert run_.info.status == "KILLED" and "maxout.model_uri" not in run_.data.tags
+    [model] = logged_models(uri)
+    assert str(model.status) == "FAILED" and registered(uri) == []
+    source = write(tmp_path, "in.csv", "post,criterion\na,b\n")
+    code = run(["predict", "--model", f"models:/{model.model_id}", "--input", source, "--tracking-uri", uri,
+                "--no-progress"])
+    assert code == 1 and f"its logged model {model.model_id} is FAILED" in one_line(capsys)
+    with pytest.raises(MaxoutError, match="is FAILED"):
+        promotion.register(mlflow.MlflowClient(tracking_uri=uri), "by-hand", model.model_uri, run_.info.run_id)
+    assert registered(uri) == []
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Prediction on rows without text: one policy for `maxout predict --on-missing`, the pyfunc's `on_missing` param
+# and `mlflow models serve` (test_registry_e2e.py serves it): error (default, names the rows), skip, empty.
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A tiny model trained once, registered as `blank@champion` in a SQLite store."""
+    root = tmp_path_factory.mktemp("predict")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:  # module fixtures run before conftest's per-test isolation
+        mp.chdir(ROOT)
+        for var in MLFLOW_VARS:
+            mp.delenv(var, raising=False)
+        code = cli.main(["train", *TINY, "tracking=local", f"tracking.uri={uri}", "tracking.system_metrics=false",
+                         f"tracking.artifact_location={(root / 'art').as_uri()}", f"checkpoint.dir={root / 'ckpt'}",
+                         f"tracking.spool_dir={root / 'spool'}", "registry.name=blank", "--no-progress"])
+    assert code == 0
+    return {"uri": uri, "champion": "models:/blank@champion"}
+
+
+
+def test_predict_never_uses_a_model_whose_logging_did_not_finish(model, tmp_path, capsys):
+    """A SIGKILL mid-upload leaves a PENDING logged model (no handler runs): predict and registration refuse it."""
+    client = mlflow.MlflowClient(tracking_uri=model["uri"])
+    run_ = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+    pending = client.create_logged_model(run_.info.experiment_id, name="model", source_run_id=run_.info.run_id)
+    source = write(tmp_path, "in.csv", "post,criterion\na,b\n")
+    code = run(["predict", "--model", f"models:/{pending.model_id}", "--input", source, "--tracking-uri",
+                model["uri"], "--no-progress"])
+    assert code == 1 and f"its logged model {pending.model_id} is PENDING (its logging has not finished" in \
+        one_line(capsys)
+    with pytest.raises(MaxoutError, match="is PENDING"):
+        promotion.register(client, "blank", f"models:/{pending.model_id}", run_.info.run_id)
+    assert [int(v.version) for v in client.search_model_versions("name='blank'")] == [1]

@@ -19,7 +19,7 @@ from mlflow.exceptions import MlflowException
 from ..data import READERS, read_table
 from ..errors import MaxoutError
 from ..serving.inference import InputError, Predictor
-from .client import connect, model_version
+from .client import LOGGED_MODEL_URI, check_ready, connect, model_version
 
 # models:/NAME@alias or models:/NAME/VERSION (models:/m-<id> names a logged model, not a registered one)
 _REGISTERED = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
@@ -35,9 +35,12 @@ def registered_ref(model_uri: str) -> Optional[tuple[str, str]]:
 def load(model_uri: str, tracking_uri: str) -> Predictor:
     """The Predictor inside a logged or registered maxout model; one-line errors for unknown names/aliases."""
     client = connect(tracking_uri)
-    ref = registered_ref(model_uri)
+    ref, logged = registered_ref(model_uri), LOGGED_MODEL_URI.match(model_uri)
     if ref:
-        model_version(client, *ref)  # "no registered model 'X' (registered: ...)" and the like
+        version = model_version(client, *ref)  # "no registered model 'X' (registered: ...)" and the like
+        check_ready(client, getattr(version, "model_id", None), f"{model_uri} ({ref[0]} v{version.version})")
+    elif logged:
+        check_ready(client, logged[1], model_uri)  # never a model whose logging was cut off or failed
     try:
         model = mlflow.pyfunc.load_model(model_uri)
     except (MlflowException, OSError) as err:
