@@ -325,6 +325,67 @@ def model(tmp_path_factory):
     return {"uri": uri, "champion": "models:/blank@champion"}
 
 
+BLANKS = ('{"post": "I cannot sleep at night.", "criterion": "Sleep disturbance"}\n'
+          '{"post": null, "criterion": "Sleep disturbance"}\n'
+          '{"post": "We painted the fence.", "criterion": "   "}\n'
+          '{"post": 42, "criterion": "Fatigue"}\n'
+          '{"criterion": "Fatigue"}\n'
+          '{"post": "Tired all day.", "criterion": "Fatigue"}\n')
+
+
+def predict(model, tmp_path, content: str, *extra: str, name: str = "in.jsonl") -> tuple[int, str]:
+    source, out = write(tmp_path, name, content), tmp_path / "out.csv"
+    code = run(["predict", "--model", model["champion"], "--input", source, "--output", str(out),
+                "--tracking-uri", model["uri"], "--no-progress", *extra])
+    return code, str(out)
+
+
+def test_predict_refuses_rows_without_text_naming_them(model, tmp_path, capsys):
+    code, out = predict(model, tmp_path, BLANKS)
+    err = one_line(capsys)
+    assert code == 1 and not Path(out).exists()
+    assert ("4 input rows have no text to predict from ('post': 2 empty or null and 1 not a string, 'criterion': "
+            "1 empty or null; rows 2, 3, 4 and 5); fix them, or use --on-missing=skip") in err, err
+
+
+def test_predict_skips_or_empties_rows_without_text_when_asked_and_counts_them(model, tmp_path, capsys):
+    code, out = predict(model, tmp_path, BLANKS, "--on-missing=skip")
+    assert code == 0
+    assert "--on-missing=skip: 4 of 6 rows had no text and were not predicted (empty label): rows 2, 3, 4 and 5" \
+        in capsys.readouterr().err
+    skipped = pd.read_csv(out, dtype={"label": str})
+    assert len(skipped) == 6 and skipped["label"].isna().tolist() == [False, True, True, True, True, False]
+    assert skipped["prob_0"].isna().tolist() == skipped["label"].isna().tolist()
+    code, out = predict(model, tmp_path, BLANKS, "--on-missing=empty")
+    assert code == 0 and "4 of 6 rows had no text and were predicted as empty text" in capsys.readouterr().err
+    emptied = pd.read_csv(out, dtype={"label": str})
+    assert emptied["label"].notna().all() and (emptied[["prob_0", "prob_1"]].sum(axis=1) - 1).abs().max() < 1e-5
+    kept = [0, 5]  # rows with text: the same answer under every policy
+    assert (emptied.loc[kept, "prob_0"] - skipped.loc[kept, "prob_0"]).abs().max() < 1e-6
+
+
+def test_predict_reads_csv_digits_as_text_and_refuses_a_directory(model, tmp_path, capsys):
+    code, out = predict(model, tmp_path, "post,criterion\n42,7\n,Fatigue\n", name="in.csv")
+    assert code == 1 and "1 input rows have no text to predict from ('post': 1 empty or null; row 2)" in \
+        one_line(capsys)
+    code = run(["predict", "--model", model["champion"], "--input", str(tmp_path), "--tracking-uri", model["uri"]])
+    assert code == 1 and f"--input {tmp_path} is a directory; give a file" in one_line(capsys)
+
+
+def test_the_pyfunc_applies_the_same_policy(model):
+    mlflow.set_tracking_uri(model["uri"])
+    pyfunc = mlflow.pyfunc.load_model(model["champion"])
+    frame = pd.DataFrame({"post": ["I cannot sleep.", None, ""], "criterion": ["Sleep", "Sleep", "Fatigue"]})
+    with pytest.raises(MlflowException, match=r"2 input rows have no text to predict from \('post': 2 empty or "
+                                              r"null; rows 2 and 3\); fix them, or use params \{\"on_missing\": "
+                                              r"\"skip\"\}"):
+        pyfunc.predict(frame)
+    skipped = pyfunc.predict(frame, params={"on_missing": "skip"})
+    assert skipped["label"].isna().tolist() == [False, True, True]
+    assert pyfunc.predict(frame, params={"on_missing": "empty"})["label"].notna().all()
+    with pytest.raises(MlflowException, match=r"on_missing='drop' \(valid: error, skip, empty\)"):
+        pyfunc.predict(frame, params={"on_missing": "drop"})
+
 
 def test_predict_never_uses_a_model_whose_logging_did_not_finish(model, tmp_path, capsys):
     """A SIGKILL mid-upload leaves a PENDING logged model (no handler runs): predict and registration refuse it."""
