@@ -1,22 +1,37 @@
 """The bad-input sweep: every case is a real command line (plus environment) that a user could type. Each must give
 ONE line on stderr naming the bad value and the fix, exit 2 for usage errors (1 for a missing file or server), and
 leave no MLflow run behind: loading.py and train/prepare.py find them all before a run, a model load or a compile.
-The README's troubleshooting section lists these cases."""
+The README's troubleshooting section lists these cases.
+
+Below them, what can only go wrong once a run has started (divergence, a signal while the model is logged) and
+prediction on rows without text: never a FINISHED run with a wrong model, never a model that did not finish
+logging picked by predict or the registry."""
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
+import mlflow
+import pandas as pd
 import pytest
+from mlflow.exceptions import MlflowException
 
 from maxout import cli
+from maxout.errors import MaxoutError
+from maxout.registry import promotion
 
-from .conftest import runs_in
+from .conftest import MLFLOW_VARS, ROOT, TINY, runs_in
 from .services import free_port
 
 TRAIN = ["train", "model=tiny", "train.max_steps=1"]
 PAIR_DATA = ["data=files", "data.text_column=post", "data.text_pair_column=criterion"]
+
+
+V_NULL_TEXT = '{"post": "a", "criterion": "b", "label": 0}\n{"post": null, "criterion": "d", "label": 1}\n'
 
 
 def write(tmp_path, name: str, content: str) -> str:
@@ -59,6 +74,22 @@ CASES = {
                                        ["data.validation_split=1.5 must be in (0, 1)"]),
     "pretrained_without_a_path": Case(["model.source=pretrained", "model.name_or_path="], 2,
                                       ["has source=pretrained but neither", "set model.path=DIR"]),
+    # non-finite numbers: OmegaConf reads inf and nan as floats; one walk over every numeric setting refuses them
+    "infinite_lr": Case(["train.lr=inf"], 2, ["train.lr=inf is not a finite number", "(default: 5e-05)"]),
+    "nan_lr": Case(["train.lr=nan"], 2, ["train.lr=nan is not a finite number"]),
+    "non_finite_in_every_section": Case(["train.max_grad_norm=-inf", "data.validation_split=nan",
+                                         "registry.lock_ttl_s=inf", "+model.architecture.hidden_dropout_prob=nan"],
+                                        2, ["4 problems: ", "train.max_grad_norm=-inf is not a finite number",
+                                            "data.validation_split=nan is not a finite number",
+                                            "registry.lock_ttl_s=inf is not a finite number",
+                                            "model.architecture.hidden_dropout_prob=nan is not a finite number"]),
+    # data.max_length beyond the model's position embeddings: refused before the run (a clamp would train on
+    # something else than the config says)
+    "max_length_beyond_positions": Case(["data.max_length=2048"], 2,
+                                        ["data.max_length=2048 is more than model 'tiny' can take: 512 tokens "
+                                         "(max_position_embeddings=512); set data.max_length=512 or less"]),
+    "max_length_beyond_a_smaller_table": Case(["model.architecture.max_position_embeddings=64", "data.max_length=65"],
+                                              2, ["data.max_length=65 is more than model 'tiny' can take: 64"]),
     # --- data files (runtime errors: exit 1; several problems are listed together)
     "both_data_files_missing": Case([*PAIR_DATA, "data.train_path=nope/train.csv",
                                      "data.validation_path=nope/validation.csv"], 1,
@@ -72,6 +103,31 @@ CASES = {
                             1, ["cannot read", "t.jsonl as jsonl"]),
     "missing_pair_column": Case([*PAIR_DATA, train_file("t.csv", "post,label\na,0\nb,1\n")], 1,
                                 ["data.text_pair_column='criterion' is not a column of", "(columns: post, label)"]),
+    # empty cells: a label '' would become a class of its own, an empty text the string 'nan' or 'None'
+    "empty_label_cells": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,\ne,f,1\ng,h,\n"
+                                                                "i,j,1\n")], 1,
+                              ["t.csv has 2 of 5 rows with an empty cell ('label': 2; rows 2 and 4)",
+                               "set data.on_missing=drop"]),
+    "null_labels_in_jsonl": Case([*PAIR_DATA, train_file("t.jsonl", "".join(
+        f'{{"post": "p{i}", "criterion": "c", "label": {"null" if i % 3 == 0 else i % 2}}}\n' for i in range(9)))],
+                                 1, ["t.jsonl has 3 of 9 rows with an empty cell ('label': 3; rows 1, 4 and 7)"]),
+    "blank_text_cells": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\n  ,b,0\nc,,1\ne,f,1\ng,h,0\n")],
+                             1, ["t.csv has 2 of 4 rows with an empty cell ('post': 1, 'criterion': 1; rows 1 and 2)"]),
+    "empty_text_in_validation_file": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,1\n"),
+                                           lambda tmp: f"data.validation_path={write(tmp, 'v.jsonl', V_NULL_TEXT)}"],
+                                          1, ["v.jsonl has 1 of 2 rows with an empty cell ('post': 1; row 2)"]),
+    "data_path_is_a_directory": Case([*PAIR_DATA, lambda tmp: f"data.train_path={tmp}"], 1,
+                                     ["is a directory (resolved to", "not a file; point data.train_path"]),
+    "validation_path_is_a_directory": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,1\n"),
+                                            lambda tmp: f"data.validation_path={tmp}"], 1, ["is a directory"]),
+    "duplicate_columns": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label,label\na,b,0,1\nc,d,1,0\n")], 1,
+                              ["t.csv has the column 'label' 2 times (columns: post, criterion, label, label)",
+                               "rename or remove the repeats"]),
+    "duplicate_text_column_in_tsv": Case([*PAIR_DATA, train_file("t.tsv", "post\tpost\tcriterion\tlabel\na\tx\tb\t0\n")],
+                                         1, ["has the column 'post' 2 times"]),
+    "duplicate_keys_in_jsonl": Case([*PAIR_DATA, train_file("t.jsonl", '{"post": "a", "criterion": "b", "label": 0}\n'
+                                                                      '{"post": "a", "label": 1, "label": 0}\n')], 1,
+                                    ["t.jsonl has the column 'label' 2 times"]),
     # --- model paths
     "model_path_missing": Case(["model=bert_base", "model.path=/nonexistent/bert"], 1,
                                ["model.path='/nonexistent/bert' is not a directory",
@@ -141,3 +197,206 @@ def test_bad_input(name, tmp_path, mlflow_store, capsys, monkeypatch):
     assert not missing, (missing, err)
     # Nothing started, so nothing is left RUNNING (a store never opened holds no run, and opening it costs seconds).
     assert not (mlflow_store["dir"] / "mlflow.db").exists() or runs_in(mlflow_store["uri"]) == []
+
+
+# ------------------------------------------------------------------------------------------------------------
+# After the run started: the run ends FAILED (KILLED on a signal) with the reason, and no model is logged or
+# registered. These train the tiny model for a few steps.
+
+def only_run(uri: str):
+    runs = runs_in(uri)
+    assert len(runs) == 1, [r.info.status for r in runs]
+    return runs[0]
+
+
+def logged_models(uri: str) -> list:
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    return list(client.search_logged_models([e.experiment_id for e in client.search_experiments()]))
+
+
+def registered(uri: str) -> list[str]:
+    return [m.name for m in mlflow.MlflowClient(tracking_uri=uri).search_registered_models()]
+
+
+def train_args(tmp_path, store, *extra: str) -> list[str]:
+    return ["train", "model=tiny", "hardware=cpu", *store["overrides"], f"checkpoint.dir={tmp_path / 'ckpt'}",
+            f"tracking.spool_dir={tmp_path / 'spool'}", *extra, "--no-progress"]
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # the start-up banner comes first
+    assert err.startswith("maxout: error: "), err
+    return err
+
+
+# lr=1e9: Adam moves every weight by ~1e9 at step 1, so step 2's forward pass overflows (loss NaN). The watch
+# records step 2 on the device and the run fails at the next point where the loop syncs anyway: wherever that
+# is, the step named is the one where it began. With one step only, no training loss ever sees the bad weights:
+# the evaluation loss does.
+DIVERGING = ["train.lr=1e9", "registry.name=diverged"]
+
+
+@pytest.mark.parametrize("extra, step, what", [
+    (["train.max_steps=6", "train.log_every=1"], 2, "loss nan"),
+    (["train.max_steps=6", "train.log_every=50", "train.max_grad_norm=0"], 2, "loss nan"),
+    (["train.max_steps=6", "train.log_every=50", "checkpoint.every_n_steps=1", "hardware.precision=fp32"], 2,
+     "loss nan"),
+    (["train.max_steps=1"], 1, "the weights after it give an evaluation loss of nan"),
+], ids=["found_at_the_next_log_step", "clipping_off_found_at_the_end", "fp32_found_before_a_checkpoint",
+        "last_update_found_by_evaluation"])
+def test_a_diverging_run_fails_at_the_step_it_began_and_logs_no_model(extra, step, what, tmp_path, mlflow_store,
+                                                                      capsys):
+    code = run(train_args(tmp_path, mlflow_store, *DIVERGING, *extra))
+    err = one_line(capsys)
+    assert code == 1, err
+    assert f"training diverged at step {step}: {what}" in err and "lower train.lr (now 1e+09)" in err, err
+    assert ("clip gradients (train.max_grad_norm=1.0)" in err) == ("train.max_grad_norm=0" in extra), err
+    run_ = only_run(mlflow_store["uri"])
+    assert run_.info.status == "FAILED" and run_.data.tags["maxout.diverged_at_step"] == str(step)
+    assert f"training diverged at step {step}" in run_.data.tags["maxout.status_reason"]
+    assert "maxout.model_uri" not in run_.data.tags and "eval/accuracy" not in run_.data.metrics  # never scored
+    assert logged_models(mlflow_store["uri"]) == [] and registered(mlflow_store["uri"]) == []
+    saved = sorted(p.name for p in (tmp_path / "ckpt").rglob("step-*.pt"))
+    assert saved == (["step-00000001.pt"] if "checkpoint.every_n_steps=1" in extra else []), saved
+
+
+def test_empty_rows_dropped_on_request_are_counted(tmp_path, mlflow_store, capsys):
+    rows = "".join(f"p{i},c{i},{'' if i % 5 == 0 else i % 2}\n" for i in range(40))  # 8 empty labels
+    train_path = write(tmp_path, "t.csv", "post,criterion,label\n" + rows + " ,c,1\n")  # and a blank post
+    code = run(train_args(tmp_path, mlflow_store, *PAIR_DATA, f"data.train_path={train_path}",
+                          "data.on_missing=drop", "train.max_steps=1"))
+    assert code == 0, capsys.readouterr().err
+    assert "data.on_missing=drop: left out 9 train rows" in capsys.readouterr().err
+    params = only_run(mlflow_store["uri"]).data.params
+    assert params["derived.rows_dropped_train"] == "9" and params["derived.labels"] == "0,1"
+    assert int(params["derived.train_samples"]) + int(params["derived.validation_samples"]) == 32
+
+
+def test_a_signal_while_the_model_is_logged_leaves_it_failed_never_pending(tmp_path, mlflow_store, capsys,
+                                                                          monkeypatch):
+    """SIGTERM arrives while the model's files are uploaded: MLflow marks a model FAILED on an Exception, but a
+    signal is not one, and the model stayed PENDING. Now: FAILED, the run KILLED, nothing registered, and
+    predict refuses the model."""
+    upload = mlflow.MlflowClient.log_model_artifacts
+
+    def interrupted(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises Terminated in this thread, right here
+        return upload(self, *args, **kwargs)
+
+    monkeypatch.setattr(mlflow.MlflowClient, "log_model_artifacts", interrupted)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        code = run(train_args(tmp_path, mlflow_store, "train.max_steps=2", "registry.name=interrupted"))
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # cli.main installed its own, which ignores a second SIGTERM
+    monkeypatch.undo()
+    assert code == 143 and capsys.readouterr().err.strip().endswith("maxout: terminated (SIGTERM)")
+    uri = mlflow_store["uri"]
+    run_ = only_run(uri)
+    assert run_.info.status == "KILLED" and "maxout.model_uri" not in run_.data.tags
+    [model] = logged_models(uri)
+    assert str(model.status) == "FAILED" and registered(uri) == []
+    source = write(tmp_path, "in.csv", "post,criterion\na,b\n")
+    code = run(["predict", "--model", f"models:/{model.model_id}", "--input", source, "--tracking-uri", uri,
+                "--no-progress"])
+    assert code == 1 and f"its logged model {model.model_id} is FAILED" in one_line(capsys)
+    with pytest.raises(MaxoutError, match="is FAILED"):
+        promotion.register(mlflow.MlflowClient(tracking_uri=uri), "by-hand", model.model_uri, run_.info.run_id)
+    assert registered(uri) == []
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Prediction on rows without text: one policy for `maxout predict --on-missing`, the pyfunc's `on_missing` param
+# and `mlflow models serve` (test_registry_e2e.py serves it): error (default, names the rows), skip, empty.
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A tiny model trained once, registered as `blank@champion` in a SQLite store."""
+    root = tmp_path_factory.mktemp("predict")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:  # module fixtures run before conftest's per-test isolation
+        mp.chdir(ROOT)
+        for var in MLFLOW_VARS:
+            mp.delenv(var, raising=False)
+        code = cli.main(["train", *TINY, "tracking=local", f"tracking.uri={uri}", "tracking.system_metrics=false",
+                         f"tracking.artifact_location={(root / 'art').as_uri()}", f"checkpoint.dir={root / 'ckpt'}",
+                         f"tracking.spool_dir={root / 'spool'}", "registry.name=blank", "--no-progress"])
+    assert code == 0
+    return {"uri": uri, "champion": "models:/blank@champion"}
+
+
+BLANKS = ('{"post": "I cannot sleep at night.", "criterion": "Sleep disturbance"}\n'
+          '{"post": null, "criterion": "Sleep disturbance"}\n'
+          '{"post": "We painted the fence.", "criterion": "   "}\n'
+          '{"post": 42, "criterion": "Fatigue"}\n'
+          '{"criterion": "Fatigue"}\n'
+          '{"post": "Tired all day.", "criterion": "Fatigue"}\n')
+
+
+def predict(model, tmp_path, content: str, *extra: str, name: str = "in.jsonl") -> tuple[int, str]:
+    source, out = write(tmp_path, name, content), tmp_path / "out.csv"
+    code = run(["predict", "--model", model["champion"], "--input", source, "--output", str(out),
+                "--tracking-uri", model["uri"], "--no-progress", *extra])
+    return code, str(out)
+
+
+def test_predict_refuses_rows_without_text_naming_them(model, tmp_path, capsys):
+    code, out = predict(model, tmp_path, BLANKS)
+    err = one_line(capsys)
+    assert code == 1 and not Path(out).exists()
+    assert ("4 input rows have no text to predict from ('post': 2 empty or null and 1 not a string, 'criterion': "
+            "1 empty or null; rows 2, 3, 4 and 5); fix them, or use --on-missing=skip") in err, err
+
+
+def test_predict_skips_or_empties_rows_without_text_when_asked_and_counts_them(model, tmp_path, capsys):
+    code, out = predict(model, tmp_path, BLANKS, "--on-missing=skip")
+    assert code == 0
+    assert "--on-missing=skip: 4 of 6 rows had no text and were not predicted (empty label): rows 2, 3, 4 and 5" \
+        in capsys.readouterr().err
+    skipped = pd.read_csv(out, dtype={"label": str})
+    assert len(skipped) == 6 and skipped["label"].isna().tolist() == [False, True, True, True, True, False]
+    assert skipped["prob_0"].isna().tolist() == skipped["label"].isna().tolist()
+    code, out = predict(model, tmp_path, BLANKS, "--on-missing=empty")
+    assert code == 0 and "4 of 6 rows had no text and were predicted as empty text" in capsys.readouterr().err
+    emptied = pd.read_csv(out, dtype={"label": str})
+    assert emptied["label"].notna().all() and (emptied[["prob_0", "prob_1"]].sum(axis=1) - 1).abs().max() < 1e-5
+    kept = [0, 5]  # rows with text: the same answer under every policy
+    assert (emptied.loc[kept, "prob_0"] - skipped.loc[kept, "prob_0"]).abs().max() < 1e-6
+
+
+def test_predict_reads_csv_digits_as_text_and_refuses_a_directory(model, tmp_path, capsys):
+    code, out = predict(model, tmp_path, "post,criterion\n42,7\n,Fatigue\n", name="in.csv")
+    assert code == 1 and "1 input rows have no text to predict from ('post': 1 empty or null; row 2)" in \
+        one_line(capsys)
+    code = run(["predict", "--model", model["champion"], "--input", str(tmp_path), "--tracking-uri", model["uri"]])
+    assert code == 1 and f"--input {tmp_path} is a directory; give a file" in one_line(capsys)
+
+
+def test_the_pyfunc_applies_the_same_policy(model):
+    mlflow.set_tracking_uri(model["uri"])
+    pyfunc = mlflow.pyfunc.load_model(model["champion"])
+    frame = pd.DataFrame({"post": ["I cannot sleep.", None, ""], "criterion": ["Sleep", "Sleep", "Fatigue"]})
+    with pytest.raises(MlflowException, match=r"2 input rows have no text to predict from \('post': 2 empty or "
+                                              r"null; rows 2 and 3\); fix them, or use params \{\"on_missing\": "
+                                              r"\"skip\"\}"):
+        pyfunc.predict(frame)
+    skipped = pyfunc.predict(frame, params={"on_missing": "skip"})
+    assert skipped["label"].isna().tolist() == [False, True, True]
+    assert pyfunc.predict(frame, params={"on_missing": "empty"})["label"].notna().all()
+    with pytest.raises(MlflowException, match=r"on_missing='drop' \(valid: error, skip, empty\)"):
+        pyfunc.predict(frame, params={"on_missing": "drop"})
+
+
+def test_predict_never_uses_a_model_whose_logging_did_not_finish(model, tmp_path, capsys):
+    """A SIGKILL mid-upload leaves a PENDING logged model (no handler runs): predict and registration refuse it."""
+    client = mlflow.MlflowClient(tracking_uri=model["uri"])
+    run_ = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+    pending = client.create_logged_model(run_.info.experiment_id, name="model", source_run_id=run_.info.run_id)
+    source = write(tmp_path, "in.csv", "post,criterion\na,b\n")
+    code = run(["predict", "--model", f"models:/{pending.model_id}", "--input", source, "--tracking-uri",
+                model["uri"], "--no-progress"])
+    assert code == 1 and f"its logged model {pending.model_id} is PENDING (its logging has not finished" in \
+        one_line(capsys)
+    with pytest.raises(MaxoutError, match="is PENDING"):
+        promotion.register(client, "blank", f"models:/{pending.model_id}", run_.info.run_id)
+    assert [int(v.version) for v in client.search_model_versions("name='blank'")] == [1]

@@ -397,3 +397,39 @@ def test_out_of_memory_that_maxout_could_not_recover_prunes_like_torchs_own():
     assert is_out_of_memory(exhausted.value)
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_out_of_memory(MaxoutError("data.train_path='x.csv' not found"))
+
+
+@pytest.mark.slow
+def test_a_diverging_study_goes_on_and_its_champion_is_a_finite_loss_trial(mlflow_store, small_data):
+    """Trials that draw lr=1e9 diverge at step 2: each is pruned (the sampler learns, the study goes on), its run
+    ends FAILED naming the step, and it logs no model; the best trial and the registry's champion trained."""
+    lrs = [1e9, 1e9, 1e-3, 1e9, 1e-3]  # what the random sampler with seed 6 draws, in order
+    result = hpo_study.run([*BASE, *small_data, *store_overrides(mlflow_store), "train.epochs=1", "hpo.n_trials=5",
+                            "hpo.sampler.name=random", "hpo.sampler.seed=6", "hpo.pruner.name=none",
+                            "hpo.study_name=diverging", "~hpo.search_space.train", "~hpo.search_space.model",
+                            "+hpo.search_space.train.lr={type:categorical,choices:[1e9,1e-3]}",
+                            "registry.name=hpo-diverging"])
+    runs = runs_in(mlflow_store["uri"])
+    children = {int(r.data.tags["maxout.hpo.trial_number"]): r for r in children_of(runs, result.parent_run_id)}
+    assert [float(children[n].data.params["cfg.train.lr"]) for n in range(5)] == lrs
+    for n, child in children.items():
+        tags = child.data.tags
+        if lrs[n] == 1e9:
+            assert child.info.status == "FAILED" and tags["maxout.hpo.state"] == "PRUNED"
+            assert tags["maxout.diverged_at_step"] == "2" and "training diverged at step 2" in tags["maxout.hpo.reason"]
+            assert "maxout.model_uri" not in tags and "eval/macro_f1" not in child.data.metrics
+        else:
+            assert child.info.status == "FINISHED" and tags["maxout.hpo.state"] == "COMPLETE"
+            assert all(v == v for v in child.data.metrics.values())  # no NaN anywhere
+    m = next(r for r in runs if r.info.run_id == result.parent_run_id).data.metrics
+    assert (m["hpo/trials_complete"], m["hpo/trials_pruned"], m["hpo/trials_failed"]) == (2, 3, 0)
+    assert m["hpo/compute_saved"] == 0.0  # a diverged trial could not have gone on: not compute pruning saved
+    assert result.best is not None and lrs[result.best.number] == 1e-3
+    client = mlflow.MlflowClient(mlflow_store["uri"])
+    champion = client.get_model_version_by_alias("hpo-diverging", "champion")
+    assert champion.run_id == result.best.run_id and len(client.search_model_versions("name='hpo-diverging'")) == 1
+    trained = client.get_run(champion.run_id)
+    assert trained.data.params["cfg.train.lr"] == "0.001" and 0 < trained.data.metrics["train/loss"] < 10
+    diverged = [children[n].info.run_id for n in range(5) if lrs[n] == 1e9]
+    exps = [e.experiment_id for e in client.search_experiments()]
+    assert not [lm for lm in client.search_logged_models(exps) if lm.source_run_id in diverged]

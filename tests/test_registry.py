@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from mlflow.entities import LoggedModelStatus
 
 from maxout import cli, config
 from maxout.registry import client as registry_client
@@ -34,6 +35,7 @@ def candidate(store, value: float, metric: str = "eval/macro_f1") -> tuple[str, 
     client.log_metric(run.info.run_id, metric, value)
     client.set_terminated(run.info.run_id)
     model = client.create_logged_model(store["experiment"], name="model", source_run_id=run.info.run_id)
+    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)  # as log_model leaves a finished model
     return run.info.run_id, f"models:/{model.model_id}"
 
 

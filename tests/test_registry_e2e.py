@@ -191,6 +191,27 @@ def test_served_champion_answers_a_wrong_payload_with_400_and_a_message(served):
     assert invoke(served, {"rows": []}).status_code == 400
 
 
+def test_served_champion_answers_rows_without_text_like_maxout_predict(served):
+    """One policy for rows without text (serving/inference.py): a 400 naming the rows by default, and the
+    request's params choose skip (null answers, row for row) or empty (predicted as empty text)."""
+    rows = [{"post": "I can't sleep.", "criterion": "Sleep disturbance"}, {"post": None, "criterion": "Fatigue"},
+            {"post": "  ", "criterion": "Fatigue"}, {"criterion": "Fatigue"}]
+    refused = invoke(served, {"dataframe_records": rows})
+    assert refused.status_code == 400, refused.text
+    assert ("3 input rows have no text to predict from ('post': 3 empty or null; rows 2, 3 and 4); fix them, or "
+            'use params {"on_missing": "skip"}') in refused.json()["message"]
+    not_text = invoke(served, {"dataframe_split": {"columns": ["post", "criterion"], "data": [[5, "Fatigue"]]}})
+    assert not_text.status_code == 400 and "'post': 1 not a string; row 1" in not_text.json()["message"]
+    skipped = invoke(served, {"dataframe_records": rows, "params": {"on_missing": "skip"}})
+    assert skipped.status_code == 200, skipped.text
+    # Strict JSON: null, never NaN (which browsers' JSON.parse refuses), for the skipped rows.
+    answers = json.loads(skipped.text, parse_constant=lambda c: pytest.fail(f"{c} in the answer"))["predictions"]
+    assert [a["label"] is None for a in answers] == [False, True, True, True]
+    assert all(a["prob_0"] is None for a in answers[1:]) and answers[0]["prob_0"] > 0
+    emptied = invoke(served, {"dataframe_records": rows, "params": {"on_missing": "empty"}})
+    assert emptied.status_code == 200 and all(a["label"] in ("0", "1") for a in emptied.json()["predictions"])
+
+
 def test_eight_concurrent_promoters_leave_exactly_one_champion_the_best(server):
     """Separate processes through one tracking server; each offers a different value at the same moment."""
     client = registry_client.connect(server)

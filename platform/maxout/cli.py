@@ -103,7 +103,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size={args.batch_size} must be >= 1")
     out = predict_file(args.model, args.input, _tracking_uri(args), args.output, args.batch_size,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, on_missing=args.on_missing)
     if args.output:
         print(f"maxout: wrote {len(out)} predictions to {args.output}", file=sys.stderr)
     return 0
@@ -256,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, metavar="FILE", help=".csv, .tsv, .jsonl or .parquet (default: "
                                                                   "CSV on stdout)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N")
+    p.add_argument("--on-missing", choices=("error", "skip", "empty"), default="error",
+                   help="rows whose text is empty, null or not a string: error (default: refuse, naming the rows), "
+                        "skip (no prediction for them: empty label), empty (predict them as empty text)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_predict)
 

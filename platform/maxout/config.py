@@ -14,10 +14,11 @@ Ground floor. May import: errors, optimizations.
 
 from __future__ import annotations
 
+import math
 import re
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Iterator, Optional
 
 from omegaconf import OmegaConf
 
@@ -27,6 +28,7 @@ from .optimizations import ADAPTERS, ATTENTION, COMPILE_MODES, PRECISIONS
 SCHEDULES = ("linear", "cosine", "constant")
 PADDING = ("dynamic", "max_length")
 FORMATS = ("auto", "csv", "jsonl", "parquet")
+ON_MISSING = ("error", "drop")  # a training / validation row with an empty text, pair or label cell
 MODEL_SOURCES = ("package", "pretrained", "config")
 TRACKING_BACKENDS = ("mlflow", "none")
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -142,10 +144,12 @@ class DataConfig:
     bucketing: bool = True  # group rows of similar length into batches (needs dynamic padding)
     bucket_batches: int = 50  # batches sorted together per bucket: bigger pads less, smaller is more random
     pad_to_multiple_of: Any = "auto"  # auto: 8 on CUDA (tensor-core friendly shapes), none on CPU
+    on_missing: str = "error"  # rows with an empty text / pair / label cell: error (names them) | drop (counted)
 
     def validate(self) -> None:
         _check(bool(self.train_path), f"data.train_path is empty for data '{self.name}': set data.train_path=FILE")
         _check(self.format in FORMATS, f"data.format={one_of(self.format, FORMATS)}")
+        _check(self.on_missing in ON_MISSING, f"data.on_missing={one_of(self.on_missing, ON_MISSING)}")
         _check(self.padding in PADDING, f"data.padding={one_of(self.padding, PADDING)}")
         _check(0.0 < self.validation_split < 1.0,
                f"data.validation_split={self.validation_split} must be in (0, 1)")
@@ -375,7 +379,7 @@ class Config:
                    f"resume={self.resume!r} is invalid: use resume=auto or an MLflow run id (32 hex characters)")
         finally:
             _problems.reset(token)
-        return found
+        return _with_non_finite(self, found)
 
     def validate(self) -> "Config":
         found = self.problems()
@@ -387,6 +391,36 @@ class Config:
     def batch_size(self) -> Any:
         """The per-device micro-batch: train.batch_size when set, else the hardware profile's."""
         return self.train.batch_size if self.train.batch_size is not None else self.hardware.batch_size
+
+
+def non_finite(node: Any, key: str = "") -> Iterator[tuple[str, float, Any]]:
+    """(dotted key, value, the field's default) of every inf or NaN anywhere in ``node``: every field of every
+    section, and inside their dicts and lists (model.architecture, hpo.search_space). OmegaConf reads ``inf`` and
+    ``nan`` as floats, and a range check such as ``lr > 0`` passes inf and would have to think of NaN field by
+    field; this one walk covers every numeric setting, present and future."""
+    if is_dataclass(node):
+        for f in fields(node):
+            sub = f"{key}.{f.name}" if key else f.name
+            for found in non_finite(getattr(node, f.name), sub):
+                yield found if found[0] != sub or f.default is MISSING else (sub, found[1], f.default)
+    elif isinstance(node, dict):
+        for name, value in node.items():
+            yield from non_finite(value, f"{key}.{name}")
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from non_finite(value, f"{key}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        yield key, node, None
+
+
+def _with_non_finite(cfg: Config, found: list[ConfigError]) -> list[ConfigError]:
+    """One problem per non-finite value, in place of whatever a range check made of it ('train.lr=nan must be
+    > 0' says less than 'is not a finite number')."""
+    bad = list(non_finite(cfg))
+    keys = tuple(f"{key}=" for key, _, _ in bad)
+    rest = [p for p in found if not str(p).startswith(keys)] if keys else found
+    return [ConfigError(f"{key}={value} is not a finite number: every numeric setting must be finite"
+                        + (f" (default: {default})" if default is not None else "")) for key, value, default in bad] + rest
 
 
 def to_dict(cfg: Config) -> dict:

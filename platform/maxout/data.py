@@ -4,19 +4,23 @@ Tokenization happens once, up front, with the fast tokenizer; batches are padded
 and the collate function counts real and padded tokens on the host, so throughput and padding efficiency need no
 device sync.
 
-Inputs. May import: errors, paths, config.
+Inputs. May import: errors, paths, config, cells.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
-from dataclasses import dataclass
+import json
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
 import torch
 
+from . import cells
 from .config import DataConfig
 from .errors import DataError
 from .paths import resolve_path
@@ -27,23 +31,29 @@ READERS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".
 
 def existing_file(path: str) -> Path:
     file = resolve_path(path)
+    if file.is_dir():
+        raise DataError(f"data path {path} is a directory (resolved to {file}), not a file; point data.train_path / "
+                        f"data.validation_path at a .csv, .tsv, .jsonl or .parquet file")
     if not file.is_file():
         raise DataError(f"data file not found: {path} (resolved to {file}); check data.train_path / "
                         f"data.validation_path")
     return file
 
 
-def read_table(path: str, fmt: str = "auto") -> pd.DataFrame:
-    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly."""
+def read_table(path: str, fmt: str = "auto", text: bool = False) -> pd.DataFrame:
+    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly. ``text``: every CSV cell stays a
+    string (prediction input: a CSV has no types, so "42" is text, not a number). A column name that appears twice
+    is an error, never a silent rename."""
     file = existing_file(path)
     kind = READERS.get(file.suffix.lower()) if fmt == "auto" else fmt
     if kind is None:
         raise DataError(f"cannot tell the format of {path!r} from its extension; set data.format to one of "
                         f"csv, jsonl, parquet")
     try:
+        _no_duplicate_columns(file, kind, path)
         if kind == "csv":
-            sep = "\t" if file.suffix.lower() == ".tsv" else ","
-            return pd.read_csv(file, encoding="utf-8", encoding_errors="strict", sep=sep, keep_default_na=False)
+            return pd.read_csv(file, encoding="utf-8", encoding_errors="strict", sep=_separator(file),
+                               keep_default_na=False, dtype=str if text else None)
         if kind == "jsonl":
             return pd.read_json(file, lines=True, encoding="utf-8", encoding_errors="strict", dtype=False)
         return pd.read_parquet(file)
@@ -55,6 +65,38 @@ def read_table(path: str, fmt: str = "auto") -> pd.DataFrame:
     except (ValueError, pd.errors.ParserError, OSError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"cannot read {path} as {kind}: {first}") from None
+
+
+def _separator(file: Path) -> str:
+    return "\t" if file.suffix.lower() == ".tsv" else ","
+
+
+def _no_duplicate_columns(file: Path, kind: str, path: str) -> None:
+    """pandas renames a repeated CSV header (label, label.1) and keeps the last of repeated JSON keys: either way
+    one of the two columns would be used without a word. Read the names as written and refuse repeats."""
+    if kind == "csv":
+        with open(file, newline="", encoding="utf-8-sig") as f:
+            _unique(next(csv.reader(f, delimiter=_separator(file)), []), path)
+    elif kind == "jsonl":
+        with open(file, encoding="utf-8") as f:
+            for line in f:
+                try:  # a second parse of each line: json keeps the last of repeated keys, the hook sees them all
+                    json.loads(line, object_pairs_hook=lambda pairs: _unique([k for k, _ in pairs], path) or {})
+                except ValueError:  # not JSON (or blank): read_json says so, with its own message
+                    continue
+    else:
+        import pyarrow.parquet as pq  # lazy: pandas' Parquet engine, loaded by read_parquet anyway
+
+        _unique(pq.read_schema(file).names, path)
+
+
+def _unique(names: list, path: str) -> None:
+    counts = Counter(names)
+    repeated = [n for n, count in counts.items() if count > 1]
+    if repeated:
+        raise DataError(f"data file {path} has the column {repeated[0]!r} {counts[repeated[0]]} times (columns: "
+                        f"{', '.join(map(str, names))}); rename or remove the repeats: maxout will not pick one "
+                        f"of them for you")
 
 
 @dataclass
@@ -79,6 +121,7 @@ class Dataset:
     validation: Table
     label_names: list[str]
     fingerprint: str  # content hash of the files + column choice, to tag models and cache results
+    dropped: dict = field(default_factory=dict)  # data.on_missing=drop: {"train": n, "validation": n} rows left out
 
     @property
     def num_labels(self) -> int:
@@ -92,6 +135,27 @@ def _columns(df: pd.DataFrame, cfg: DataConfig, path: str) -> None:
     for key, column in wanted:
         if column not in df.columns:
             raise DataError(f"{key}={column!r} is not a column of {path} (columns: {', '.join(map(str, df.columns))})")
+
+
+def _without_empty_cells(df: pd.DataFrame, cfg: DataConfig, path: str) -> tuple[pd.DataFrame, int]:
+    """The rows whose text, pair or label cell is empty (null, NaN, blank) are refused with one line naming the
+    file, the columns, how many and which rows; with ``data.on_missing=drop`` they are left out and counted. (An
+    empty label would otherwise become a class of its own, and an empty text the string 'nan' or 'None'.)"""
+    columns = [cfg.text_column] + ([cfg.text_pair_column] if cfg.text_pair_column else []) + [cfg.label_column]
+    empty = {c: cells.positions(df[c]) for c in dict.fromkeys(columns)}
+    bad = sorted(set().union(*empty.values()))
+    if not bad:
+        return df, 0
+    if cfg.on_missing != "drop":
+        which = ", ".join(f"{c!r}: {len(rows)}" for c, rows in empty.items() if rows)
+        raise DataError(f"data file {path} has {len(bad)} of {len(df)} rows with an empty cell ({which}; "
+                        f"{cells.rows(bad)}); fill them in, or set data.on_missing=drop to train without those rows "
+                        f"(the run logs how many it dropped)")
+    kept = df.drop(index=df.index[bad])
+    if kept.empty:
+        raise DataError(f"data file {path} has no row left after data.on_missing=drop: every row has an empty "
+                        f"{' / '.join(repr(c) for c in empty)} cell")
+    return kept, len(bad)
 
 
 def _table(df: pd.DataFrame, cfg: DataConfig, label_ids: dict[str, int], path: str) -> Table:
@@ -117,6 +181,8 @@ def _fingerprint(paths: list[str], cfg: DataConfig) -> str:
     for p in paths:
         digest.update(resolve_path(p).read_bytes())
     digest.update(f"{cfg.text_column}|{cfg.text_pair_column}|{cfg.label_column}|{cfg.labels}".encode())
+    if cfg.on_missing == "drop":  # the same files give other tables when empty rows are dropped
+        digest.update(b"|drop")
     return digest.hexdigest()[:16]
 
 
@@ -126,6 +192,8 @@ def load(cfg: DataConfig) -> Dataset:
     if train_df.empty:
         raise DataError(f"data file {cfg.train_path} has no rows: the training set must not be empty")
     _columns(train_df, cfg, cfg.train_path)
+    train_df, dropped = _without_empty_cells(train_df, cfg, cfg.train_path)
+    dropped_rows = {"train": dropped}
     if cfg.labels is not None:
         label_names = [_label_key(x) for x in cfg.labels]
     else:
@@ -141,11 +209,13 @@ def load(cfg: DataConfig) -> Dataset:
         if val_df.empty:
             raise DataError(f"data file {cfg.validation_path} has no rows: the validation set must not be empty")
         _columns(val_df, cfg, cfg.validation_path)
+        val_df, dropped_rows["validation"] = _without_empty_cells(val_df, cfg, cfg.validation_path)
         validation = _table(val_df, cfg, label_ids, cfg.validation_path)
         paths.append(cfg.validation_path)
     else:
         train, validation = stratified_split(train, cfg.validation_split, cfg.split_seed)
-    return Dataset(train, validation, label_names, _fingerprint(paths, cfg))
+    return Dataset(train, validation, label_names, _fingerprint(paths, cfg),
+                   dropped_rows if cfg.on_missing == "drop" else {})
 
 
 def stratified_split(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:

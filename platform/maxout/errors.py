@@ -39,6 +39,16 @@ class HardwareError(MaxoutError):
     """The requested hardware profile cannot run on this machine."""
 
 
+class Diverged(MaxoutError):
+    """Training produced a non-finite loss or gradient norm (train/divergence.py), or an objective that is not a
+    number: the model is wrong, so the run fails and nothing is logged or registered. HPO prunes such a trial and
+    goes on. ``step`` is the optimizer step where it first appeared (None when not known)."""
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
 class Terminated(BaseException):
     """Raised in the main thread on SIGTERM (cli.py installs the handler), so the run is closed as KILLED instead
     of left RUNNING. A BaseException: ``except Exception`` blocks must not swallow it."""

@@ -15,14 +15,14 @@ Inputs. May import: errors, config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
 from transformers import logging as hf_logging
 
 from .config import ModelConfig
-from .errors import MaxoutError
+from .errors import ConfigError, MaxoutError
 
 
 BUNDLED_TOKENIZER = Path(__file__).parent / "assets" / "bert-base-uncased-tokenizer"
@@ -93,6 +93,45 @@ def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int) -> A
             if hasattr(config, key):
                 setattr(config, key, cfg.dropout)
     return config
+
+
+# Models whose position ids start after the padding index (RoBERTa's offset): of max_position_embeddings=514,
+# positions 0 and 1 are never used by a token, so 512 tokens fit.
+PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "ibert",
+                            "longformer", "luke", "mpnet", "roberta-prelayernorm", "xmod", "markuplm", "lilt",
+                            "layoutlmv3"}
+
+
+def position_limit(config: Any) -> tuple[Optional[int], str]:
+    """(the most tokens the model's position embeddings take, how that was read), or (None, why there is no
+    limit to check): relative-only positions (DeBERTa v2/v3: position_biased_input=false), or a config without
+    max_position_embeddings."""
+    if getattr(config, "position_biased_input", True) is False:
+        return None, "relative positions only (position_biased_input=false)"
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None, "no max_position_embeddings in its config"
+    how = f"max_position_embeddings={limit}"
+    pad = getattr(config, "pad_token_id", None)
+    if getattr(config, "model_type", "") in PADDING_OFFSET_POSITIONS and pad is not None:
+        offset = pad + 1
+        return limit - offset, f"{how} less {offset} for positions after the padding index"
+    return limit, how
+
+
+def check_max_length(cfg: ModelConfig, max_length: int) -> None:
+    """Before the run starts: a sequence longer than the position embeddings fails mid-training with a tensor
+    size mismatch (or, worse, indexes past the table on a GPU). Refused, naming the limit, rather than clamped:
+    a clamp would change what the model sees while the config, the run key and HPO's comparisons still say the
+    longer length."""
+    if cfg.source == "config":
+        config = BertConfig(**dict(cfg.architecture))
+    else:
+        config = AutoConfig.from_pretrained(weights_location(cfg))
+    limit, how = position_limit(config)
+    if limit is not None and max_length > limit:
+        raise ConfigError(f"data.max_length={max_length} is more than model {cfg.name!r} can take: {limit} tokens "
+                          f"({how}); set data.max_length={limit} or less")
 
 
 def model_class(config: Any) -> type:

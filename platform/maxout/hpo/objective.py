@@ -7,6 +7,10 @@ folds each fold trains in its own run nested under the trial's run, which carrie
 
 The child run ends FINISHED for COMPLETE and PRUNED trials and FAILED for failed ones (KILLED on Ctrl-C /
 SIGTERM), tagged ``maxout.hpo.state``. Out of memory prunes the trial with the reason and the study goes on.
+So does divergence (a non-finite loss or gradient norm, or a non-finite objective): the trial is pruned, so the
+sampler learns to avoid its values and the study goes on, while its run ends FAILED with the step
+(``maxout.diverged_at_step``) and logs no model. A pruned trial is never Optuna's best trial, and its epochs are
+not counted as compute that pruning saved (the trial could not have gone on).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from torch._dynamo.utils import counters
 from .. import loading
 from ..config import Config, HpoConfig
 from ..data import Dataset
-from ..errors import OutOfMemory, Terminated, first_line
+from ..errors import Diverged, OutOfMemory, Terminated, first_line
 from ..hardware import DeviceInfo
 from ..optimizations.compile import compile_seconds
 from ..registry.promotion import beats
@@ -45,6 +49,13 @@ def is_out_of_memory(err: BaseException) -> bool:
     """torch's own error, a backend's RuntimeError that says so, or maxout's (recovery exhausted, no batch fits)."""
     return isinstance(err, (torch.OutOfMemoryError, OutOfMemory)) or (isinstance(err, RuntimeError)
                                                                       and "out of memory" in str(err).lower())
+
+
+def finite(value: float, metric: str) -> float:
+    """An objective that is not a number cannot be compared: never a best trial, never a champion."""
+    if not math.isfinite(value):
+        raise Diverged(f"the objective {metric} is {value}: not a number any trial can be compared with")
+    return value
 
 
 def with_log_model(cfg: Config, log_model: bool) -> Config:
@@ -123,7 +134,7 @@ class Objective:
         child = start(cfg.tracking, run_name=f"trial-{trial.number}", tags=tags, nested=True,
                                system_metrics=cfg.tracking.system_metrics)  # the parent samples none
         reporter = TrialReporter(trial, self.hpo.metric, child, report_epochs=self.folds is None)
-        state, status, reason, fail_in_storage = "FAIL", "FAILED", "", False
+        state, status, reason, fail_in_storage, diverged = "FAIL", "FAILED", "", False, False
         try:
             trial.set_user_attr("worker", WORKER)
             if child.run_id:
@@ -145,6 +156,10 @@ class Objective:
             status, reason = "KILLED", "terminated (SIGTERM)"
             fail_in_storage = not self.retried_by_heartbeat  # with heartbeats it goes stale and is re-queued
             raise
+        except Diverged as err:  # these values cannot train: pruned, so the study goes on; the run itself FAILED
+            state, reason, diverged = "PRUNED", str(err)[:2000], True
+            trial.set_user_attr("pruned_reason", reason)
+            raise optuna.TrialPruned(reason) from None
         except Exception as err:
             if not is_out_of_memory(err):
                 reason = f"{type(err).__name__}: {err}"[:2000]
@@ -156,6 +171,8 @@ class Objective:
             raise optuna.TrialPruned(reason) from None
         finally:
             planned = (reporter.epochs_per_run or cfg.train.epochs) * (len(self.folds) if self.folds else 1)
+            if diverged:  # it could not have gone on: its unrun epochs are not compute that pruning saved
+                planned = reporter.epochs
             trial.set_user_attr("epochs_run", reporter.epochs)
             trial.set_user_attr("epochs_planned", planned)
             child.log_metrics({"hpo/epochs_run": reporter.epochs, "hpo/epochs_planned": planned})
@@ -173,7 +190,7 @@ class Objective:
     def _single(self, trial: optuna.Trial, cfg: Config, child: Tracker, reporter: TrialReporter) -> float:
         wanted, every = cfg.tracking.log_model, self.hpo.log_models == "all"  # tracking.log_model=false wins
         result = self._train(with_log_model(cfg, wanted and every), child, reporter, self.dataset)
-        value = result.metrics[self.hpo.metric]
+        value = finite(result.metrics[self.hpo.metric], self.hpo.metric)
         model_uri = result.model_uri
         if wanted and self.hpo.log_models == "best" and self._beats_best(trial, value):
             model_uri = log_model(result.setup, child)
@@ -203,7 +220,7 @@ class Objective:
                 result = self._train(fold_cfg, run, reporter, fold)
             if i == 1:  # what every fold shares (optimizations, config, device) also goes on the trial's run
                 child.log_params({k_: v for k_, v in result.params.items() if not k_.startswith("derived.")})
-            scores.append(result.metrics[metric])
+            scores.append(finite(result.metrics[metric], metric))
             mean = statistics.fmean(scores)
             child.log_metrics({f"fold/{metric}": scores[-1], f"cv/{metric}": mean}, step=i)
             trial.report(mean, step=i)

@@ -6,6 +6,6 @@
 - ``promotion.py``: register a version, promote it if it beats the champion, promote or roll back by hand
 - ``predict.py``: a registered model (``models:/NAME@champion``) on a CSV / JSONL / Parquet file
 
-Registry wing. May import: errors, paths, config, data, serving, tracking, registry. Not train or hpo: a model
+Registry wing. May import: errors, paths, config, cells, data, serving, tracking, registry. Not train or hpo: a model
 registers the same whoever trained it.
 """

@@ -6,6 +6,7 @@ one-line errors that list what does exist, the aliases and champion history kept
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterator, Optional
 
 import mlflow
@@ -17,6 +18,7 @@ from ..errors import MaxoutError
 from ..tracking.store import check_reachable, resolve_uri
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+LOGGED_MODEL_URI = re.compile(r"^models:/(m-[0-9a-f]+)$")  # what log_model returns in MLflow 3
 HISTORY_TAG = "maxout.champion_history"
 PROMOTION_TAG = "maxout.promotion"
 
@@ -85,6 +87,25 @@ def model_version(client: MlflowClient, name: str, ref: str) -> Any:
     what = f"no version {ref}" if str(ref).isdigit() else f"no alias {ref!r}"
     raise MaxoutError(f"registered model {name!r} has {what} (aliases: {aliases}; versions: "
                       f"{', '.join(map(str, versions)) or 'none'})")
+
+
+def check_ready(client: MlflowClient, model_id: Optional[str], what: str) -> None:
+    """Only a logged model whose logging finished (status READY) may be predicted with, registered or promoted:
+    PENDING is one still being logged or cut off (a SIGKILL), FAILED one whose logging failed or was interrupted.
+    ``model_id`` None (a version registered from a ``runs:/`` path) has no such status to check."""
+    if not model_id:
+        return
+    try:
+        status = str(client.get_logged_model(model_id).status)
+    except MlflowException as err:
+        if not missing(err):
+            raise
+        raise MaxoutError(f"{what}: no such logged model {model_id} in the tracking store") from None
+    if status != "READY":
+        why = ("its logging failed or was interrupted" if status == "FAILED" else
+               "its logging has not finished: still under way, or cut off")
+        raise MaxoutError(f"{what} is not usable: its logged model {model_id} is {status} ({why}); use a model "
+                          f"that finished logging, or train again (resume=auto logs the model of an interrupted run)")
 
 
 def all_versions(client: MlflowClient, name: str) -> list:

@@ -19,7 +19,6 @@ version is deleted, so no version is left without its promotion and no lock tick
 from __future__ import annotations
 
 import math
-import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -30,11 +29,10 @@ from mlflow.exceptions import MlflowException
 
 from ..config import EVAL_METRICS, Config, check_registry_name
 from ..errors import ConfigError, MaxoutError
-from .client import (CHALLENGER, CHAMPION, PROMOTION_TAG, client_for, ensure_registered_model, exists,
-                     model_version, registered_model, all_versions)
+from .client import (CHALLENGER, CHAMPION, LOGGED_MODEL_URI, PROMOTION_TAG, check_ready, client_for,
+                     ensure_registered_model, exists, model_version, registered_model, all_versions)
 from .lock import AliasTransaction, PromotionLock
 
-LOGGED_MODEL_URI = re.compile(r"^models:/(m-[0-9a-f]+)$")  # what log_model returns in MLflow 3
 
 
 @dataclass
@@ -119,12 +117,8 @@ def register(client: MlflowClient, name: str, model_uri: str, run_id: Optional[s
     check_registry_name(name)
     logged = LOGGED_MODEL_URI.match(model_uri)
     model_id = logged[1] if logged else None  # a tracking server wants it with a models:/<model_id> source
-    if model_id:  # fail before creating anything when the logged model does not exist
-        try:
-            client.get_logged_model(model_id)
-        except MlflowException as err:
-            raise MaxoutError(f"cannot register {model_uri!r}: no such logged model in the tracking store "
-                              f"({str(err).splitlines()[0][:200]})") from None
+    # Fail before creating anything when the logged model does not exist, or never finished logging.
+    check_ready(client, model_id, f"cannot register {model_uri!r}")
     created = ensure_registered_model(client, name, description="Registered by maxout; aliases: champion "
                                                                  "(the best so far), challenger (the newest).")
     try:
@@ -214,6 +208,7 @@ def register_train_result(cfg: Config, result: Any) -> Outcome:
 def promote(client: MlflowClient, name: str, version: int) -> Outcome:
     """Make ``version`` champion by hand (no metric comparison), recorded in the history like any promotion."""
     target = model_version(client, name, str(version))
+    check_ready(client, getattr(target, "model_id", None), f"{name} v{target.version}")
     version = int(target.version)
     with PromotionLock(client, name) as lock:
         tx = AliasTransaction(client, name)

@@ -7,5 +7,5 @@
 
 A logged model runs without a tracker, a config or a trainer: the maxout package travels inside it.
 
-Serving wing. May import: errors, serving. Not tracking, nor anything that needs a run.
+Serving wing. May import: errors, cells, serving. Not tracking, nor anything that needs a run.
 """

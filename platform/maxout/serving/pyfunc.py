@@ -7,6 +7,7 @@ torch, transformers and pandas, not maxout.
 
 from __future__ import annotations
 
+import logging
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Optional
@@ -16,7 +17,10 @@ import pandas as pd
 from mlflow.exceptions import INVALID_PARAMETER_VALUE, MlflowException
 from mlflow.models import infer_signature
 
-from .inference import InputError, Predictor
+from .. import cells
+from .inference import InputError, MissingText, Predictor
+
+log = logging.getLogger("maxout")
 
 PACKAGE_DIR = Path(__file__).parents[1]  # the whole maxout package travels inside the model (code_paths)
 
@@ -26,13 +30,22 @@ class TextClassifier(mlflow.pyfunc.PythonModel):
         self.predictor = Predictor.from_dir(context.artifacts["model"])
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: Optional[dict] = None) -> pd.DataFrame:
+        """``params``: ``batch_size`` (64) and ``on_missing`` (error | skip | empty: rows without text)."""
         if not isinstance(model_input, pd.DataFrame):
             model_input = pd.DataFrame(model_input)
-        batch_size = int((params or {}).get("batch_size", 64))
+        params = params or {}
+        batch_size, on_missing = int(params.get("batch_size", 64)), str(params.get("on_missing", "error"))
         try:
-            return self.predictor.predict(model_input, batch_size=batch_size)
+            out = self.predictor.predict(model_input, batch_size=batch_size, on_missing=on_missing)
+        except MissingText as err:  # a 400 from `mlflow models serve` that names the rows and the way out
+            raise MlflowException(err.advice('params {{"on_missing": "{}"}}'),
+                                  error_code=INVALID_PARAMETER_VALUE) from None
         except InputError as err:  # a 400 from `mlflow models serve`, not a 500
             raise MlflowException(str(err), error_code=INVALID_PARAMETER_VALUE) from None
+        if out.attrs["rows_without_text"]:
+            log.warning("maxout: on_missing=%s: %d rows without text (%s)", on_missing,
+                        len(out.attrs["rows_without_text"]), cells.rows(out.attrs["rows_without_text"]))
+        return out
 
 
 def _requirement(dist: str) -> Optional[str]:
@@ -52,7 +65,8 @@ def log_model(model_dir: str, example: Optional[pd.DataFrame] = None) -> Any:
     signature = None
     if example is not None:
         predictor = Predictor.from_dir(model_dir, device="cpu")
-        signature = infer_signature(example, predictor.predict(example), params={"batch_size": 64})
+        signature = infer_signature(example, predictor.predict(example),
+                                    params={"batch_size": 64, "on_missing": "error"})
     return mlflow.pyfunc.log_model(
         name="model", python_model=TextClassifier(), artifacts={"model": str(model_dir)},
         code_paths=[str(PACKAGE_DIR)], signature=signature, input_example=example, pip_requirements=requirements())

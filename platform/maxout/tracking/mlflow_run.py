@@ -17,11 +17,11 @@ from typing import Any, Iterator, Mapping, Optional
 
 import mlflow
 import requests
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import LoggedModelStatus, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from ..config import TrackingConfig
-from ..errors import MaxoutError
+from ..errors import MaxoutError, first_line
 from ..serving import pyfunc
 from . import preflight, spool as spool_mod
 from .redact import redact
@@ -127,10 +127,32 @@ class MLflowTracker:
             self.client.log_artifact(self.run_id, local_path, artifact_path)
 
     def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
-        with _active(self.run_id), _storing(self):
-            info = pyfunc.log_model(model_dir, signature_example)
+        """Log the model; it ends READY, or FAILED when anything stops the upload (the run then fails too)."""
+        try:
+            with _active(self.run_id), _storing(self):
+                info = pyfunc.log_model(model_dir, signature_example)
+        except BaseException:
+            self._fail_unfinished_models()
+            raise
+        self._fail_unfinished_models(keep=info.model_id)  # e.g. left PENDING by a SIGKILLed attempt of this run
         self.set_tags({"maxout.model_uri": info.model_uri})
         return info.model_uri
+
+    def _fail_unfinished_models(self, keep: Optional[str] = None) -> None:
+        """A logged model of this run still PENDING is marked FAILED, so that it is never mistaken for a usable one.
+        MLflow marks a model FAILED when its logging raises an Exception, but not on Ctrl-C or SIGTERM (which are
+        not Exceptions), nor when the signal lands between creating the model and starting its upload."""
+        try:
+            experiment_id = self.client.get_run(self.run_id).info.experiment_id
+            # (Filtered here, not in the query: the SQL store keeps the status as a number, and status = 'PENDING'
+            # finds nothing.)
+            for model in self.client.search_logged_models([experiment_id],
+                                                          filter_string=f"source_run_id = '{self.run_id}'"):
+                if model.status == LoggedModelStatus.PENDING and model.model_id != keep:
+                    self.client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+        except Exception as err:  # noqa: BLE001 - the error that got us here matters more; predict refuses PENDING
+            log.warning("maxout: could not mark the unfinished models of run %s FAILED: %s", self.run_id,
+                        redact(first_line(err)))
 
     def close(self, status: str = "FINISHED", reason: str = "") -> None:
         delivered = False

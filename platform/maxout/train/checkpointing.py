@@ -135,6 +135,7 @@ class Checkpointer(Callback):
         self.save(state, (state.epoch + 1, 0))  # resumes at the start of the next epoch
 
     def save(self, state: TrainState, position: tuple[int, int]) -> Path:
+        self.setup.divergence.check(self.setup, self.tracker)  # never a diverged state to resume from
         self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
         path = save_atomic(capture(self.setup, state, position, self.meta), self.directory / file_name(state.step))
         for old in checkpoints(self.directory)[:-self.cfg.keep_last]:

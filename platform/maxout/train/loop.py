@@ -3,14 +3,16 @@
     on_train_start(state)
     for each epoch (from a restored state: the rest of its epoch, skipping the micro-batches it consumed):
         for each optimizer step (accum_steps micro-batches: forward, backward; then clip, step, zero_grad):
-            every log_every steps:  read loss (the one host sync), log metrics
-            every eval_interval steps:  evaluate -> on_evaluate(state, metrics)
+            every log_every steps:  read loss (the one host sync), log metrics, check divergence
+            every eval_interval steps:  check divergence, evaluate -> on_evaluate(state, metrics)
             on_step_end(state)                # every step, after its logging: no host sync here
         at epoch end (unless evaluated at this step already):  evaluate -> on_evaluate(state, metrics)
         on_epoch_end(state)
     on_train_end(state)
 
-A callback stops training by raising (e.g. optuna.TrialPruned); the caller decides what that means.
+A callback stops training by raising (e.g. optuna.TrialPruned); the caller decides what that means. A non-finite
+loss or gradient norm is recorded on the device each step and raises Diverged at the next sync point
+(divergence.py), so a diverged model is never evaluated, checkpointed or logged.
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> 
         s.oom.halve(message, list(micro_batches), step=s.scheduler.last_epoch + 1, device_type=s.device.torch_device)
     for batch in micro_batches:
         meter.add(len(batch["labels"]), batch["num_real_tokens"], batch["num_tokens"])
+    grad_norm = None
     if s.clip_norm:
         scaler.unscale_(s.optimizer)  # clip the true gradients, not the fp16-scaled ones
-        grad_clipping.apply(s.model.parameters(), s.clip_norm)
+        grad_norm = grad_clipping.apply(s.model.parameters(), s.clip_norm)
+    s.divergence.record(s.scheduler.last_epoch + 1, step_loss, grad_norm, s.model.parameters(), scaler)  # no sync
     scaler.step(s.optimizer)
     scaler.update()
     s.optimizer.zero_grad(set_to_none=True)  # frees grad memory and skips a memset
@@ -104,8 +108,10 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
         gpu.start()
 
     def run_eval() -> None:
+        s.divergence.check(s, tracker)  # a diverged model is not worth scoring (evaluation syncs anyway)
         meter.pause()  # evaluation is not training time
         state.eval_metrics = evaluate(s)
+        s.divergence.check_evaluation(state.eval_metrics, state.step, s, tracker)
         tracker.log_metrics(state.eval_metrics, step=state.step)
         hooks.on_evaluate(state, state.eval_metrics)
         meter.resume()
@@ -135,6 +141,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
                                      "train/epoch": epoch + 1, **rates}, step=state.step)
                 bar.set_postfix(loss=f"{state.train_loss:.4f}",
                                 samples_s=f"{rates['perf/window_samples_per_s']:.1f}")
+                s.divergence.check(s, tracker)  # synced above already: reading the record costs nothing more
             if tr.eval_interval and state.step % tr.eval_interval == 0:
                 run_eval()
             hooks.on_step_end(state)  # after the step's logging: a checkpoint here resumes without a gap
@@ -149,6 +156,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
             break
 
     bar.close()
+    s.divergence.check(s, tracker)
     results = meter.summary()
     if gpu:
         results.update(gpu.stop())

@@ -1,5 +1,5 @@
-"""The input checks that run before any run exists: data files, columns and labels, model availability, the
-micro-batch, the tracking store (preflight.py), writable directories, and the checkpoint a ``resume`` asks for.
+"""The input checks that run before any run exists: data files, columns and labels, model availability,
+data.max_length against the model's position embeddings, the micro-batch, the tracking store (preflight.py), writable directories, and the checkpoint a ``resume`` asks for.
 
 Every problem found is reported at once, in one line: ``3 problems: ...; ...; ...`` (one problem keeps its own
 message and exit code; several exit 2 when any of them is a usage error). ``check(cfg)`` is what ``train()``
@@ -49,6 +49,8 @@ def add_problems(cfg: Config, problems: list, dataset: Any = None) -> Checked:
     if _valid(cfg.model):
         if cfg.model.source == "config" or collect(problems, modeling.weights_location, cfg.model):
             tokenizer = collect(problems, modeling.load_tokenizer, cfg.model)
+            if _valid(cfg.data):  # against the model's position embeddings (its config.json, no weights)
+                collect(problems, modeling.check_max_length, cfg.model, cfg.data.max_length)
     if cfg.batch_size != "auto":  # auto: the batch finder probes once the run's device is known
         collect(problems, resolve_micro_batch, cfg)
     if cfg.tracking.backend == "mlflow" and _valid(cfg.tracking):

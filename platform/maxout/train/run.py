@@ -73,6 +73,9 @@ def startup_banner(setup: Setup) -> str:
              f"{d['effective_batch']}; {d['steps_per_epoch']} steps/epoch, {d['total_steps']} steps; "
              f"{d['params_trainable']:,} of {d['params_total']:,} params trainable"]
     lines += [f"  {c}" for c in changed]
+    if setup.dataset.dropped:
+        lines.append("  data.on_missing=drop: left out " + ", ".join(
+            f"{n} {split} rows" for split, n in setup.dataset.dropped.items()) + " with an empty text or label cell")
     return "\n".join(lines)
 
 

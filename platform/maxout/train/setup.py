@@ -22,6 +22,7 @@ from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import dataloader, deterministic, fast_dropout, freeze, fused_adamw, grad_clipping
 from ..optimizations import gradient_checkpointing, lora, precision as precision_opt, tf32
+from .divergence import DivergenceWatch
 from .oom import OOMRecovery
 
 
@@ -46,6 +47,7 @@ class Setup:
     decisions: list = field(default_factory=list)
     derived: dict = field(default_factory=dict)
     oom: OOMRecovery = field(default_factory=OOMRecovery)  # halves the rows per forward on out-of-memory
+    divergence: DivergenceWatch = field(default_factory=DivergenceWatch)  # the first non-finite step, on device
 
     def decision(self, name: str) -> Decision:
         return named(self.decisions, name)
@@ -192,5 +194,6 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
         "data_fingerprint": dataset.fingerprint, "params_total": counts["total"],
         "params_trainable": counts["trainable"], "host_sync_every_steps": cfg.train.log_every,
         "zero_grad_set_to_none": True,
+        **{f"rows_dropped_{split}": n for split, n in dataset.dropped.items()},  # data.on_missing=drop
     }
     return setup
