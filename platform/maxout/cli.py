@@ -230,6 +230,19 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object):
         kwargs.setdefault("allow_abbrev", False)  # a mistyped --no-progres must fail, not start a training run
         super().__init__(*args, **kwargs)
+        self._intermixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        """A command's own parser (one without sub-commands) takes its options anywhere among its positional
+        arguments: `maxout train --no-progress train.lr=1e-4` as well as `maxout train train.lr=1e-4 --no-progress`
+        (plain argparse ends a `nargs="*"` positional at the first option and refuses what follows)."""
+        if self._subparsers is not None or self._intermixing:  # intermixing itself calls this method twice
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
 
     def error(self, message: str) -> NoReturn:
         """One line, like every other maxout error (argparse prints the usage block first)."""
