@@ -26,7 +26,7 @@ from ..errors import MaxoutError
 from ..serving import pyfunc
 from . import preflight, spool as spool_mod
 from .redact import redact
-from .store import resolve_uri
+from .store import ensure_schema, resolve_uri
 
 log = logging.getLogger("maxout")
 
@@ -66,6 +66,7 @@ class MLflowTracker:
         if cfg.s3_endpoint_url:
             os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
         mlflow.set_tracking_uri(uri)
+        ensure_schema(uri)  # several jobs may start together on a new SQLite store
         parent = mlflow.active_run() if nested else None  # a nested run lives in its parent's experiment
         experiment_id = parent.info.experiment_id if parent else os.environ.get("MLFLOW_EXPERIMENT_ID")
         if run_id:  # resuming: the run's own experiment
