@@ -158,6 +158,18 @@ class MLflowTracker:
                 self._spool.remove()
 
 
+def fail_if_running(cfg: TrackingConfig, run_id: str, reason: str) -> None:
+    """See tracker.fail_if_running. A run this store does not have (tracking changed since) is left alone."""
+    client = mlflow.MlflowClient(tracking_uri=resolve_uri(cfg)[0])
+    try:
+        if client.get_run(run_id).info.status != "RUNNING":
+            return
+    except MlflowException:
+        return
+    client.set_tag(run_id, "maxout.status_reason", redact(reason)[:5000])
+    client.set_terminated(run_id, "FAILED")
+
+
 def _tag(key: str, value: Any) -> RunTag:
     return RunTag(key, redact(value)[:5000])
 
