@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import mlflow
@@ -23,11 +24,13 @@ import pytest
 import torch
 
 from maxout import cli, config, loading
+from maxout.errors import MaxoutError
 from maxout.registry import client as registry_client
-from maxout.train import checkpointing, resume, train
+from maxout.train import Callback, checkpointing, resume, train
 
 from .conftest import ROOT, runs_in
 from .test_checkpointing import STEPS, CrashAt, history, small
+from .test_reliability_e2e import Server
 
 TINY = ["hardware=cpu", "model=tiny", "train.max_steps=2", "train.epochs=1", "train.log_every=1"]
 
@@ -145,3 +148,154 @@ def test_no_intact_checkpoint_is_one_line_naming_each_file_and_ends_the_killed_r
     [run] = runs_in(mlflow_store["uri"])
     assert run.info.status == "FAILED" and "no intact checkpoint" in run.data.tags["maxout.status_reason"]
     assert sorted(p.name for p in checkpointing.checkpoints(folder)) == ["step-00000004.pt", "step-00000006.pt"]
+
+
+# ------------------------------------------------------------------ a resumed run's figures (issue 19, case 4)
+
+
+class CrashAfterTheLastCheckpoint(Callback):
+    """Dies after the last step's checkpoint (written at the epoch end), before the run logs its final figures."""
+
+    def on_train_end(self, state):
+        raise RuntimeError("crash after the last checkpoint")
+
+
+def final_figures(uri: str, run_id: str) -> dict:
+    return mlflow.MlflowClient(uri).get_run(run_id).data.metrics
+
+
+def window_seconds(uri: str, run_id: str, steps: range, samples_per_step: int) -> float:
+    """The training seconds of ``steps``, from their per-interval rates (log_every=1)."""
+    rates = dict(history(uri, run_id, "perf/window_samples_per_s"))
+    return sum(samples_per_step / rates[step] for step in steps)
+
+
+def test_a_run_resumed_mid_way_reports_samples_over_the_summed_training_window(tmp_path, mlflow_store):
+    overrides, run_id, folder = crashed_run(tmp_path, mlflow_store)
+    saved = checkpointing.load(folder / "step-00000006.pt")["state"]["measured"]
+    assert saved["meter"]["samples"] == 48  # steps 1-6 of 8 samples each: what the checkpoint carries on
+    train(loading.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+
+    got = final_figures(mlflow_store["uri"], run_id)
+    assert got["train/samples"] == 64  # 8 steps: each counted once, though step 7 ran twice
+    assert got["perf/samples_per_s"] * got["time/train_window_s"] == pytest.approx(64, rel=1e-9)
+    resumed_steps = window_seconds(mlflow_store["uri"], run_id, range(8, 9), 8)  # step 7's rate is the crash's
+    resumed_wall = got["time/wall_s"] - saved["wall_s"]
+    before = saved["meter"]["elapsed"]
+    assert before + resumed_steps <= got["time/train_window_s"] <= before + resumed_wall
+    assert got["time/wall_s"] > saved["wall_s"] > before > 0
+
+
+def test_a_run_resumed_after_its_last_step_keeps_its_real_figures(tmp_path, mlflow_store):
+    overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={tmp_path / 'spool'}")
+    with pytest.raises(RuntimeError, match="after the last checkpoint"):
+        train(loading.load(overrides), callbacks=[CrashAfterTheLastCheckpoint()], progress=False, verbose=False)
+    [run] = runs_in(mlflow_store["uri"])
+    assert "perf/samples_per_s" not in run.data.metrics
+    [last] = (tmp_path / "ckpt").glob("*/*/step-00000008.pt")
+    saved = checkpointing.load(last)["state"]["measured"]
+    train(loading.load([*overrides, "resume=auto"]), progress=False, verbose=False)  # no step left to train
+
+    got = final_figures(mlflow_store["uri"], run.info.run_id)
+    assert got["train/samples"] == 64 and got["train/optimizer_steps"] == STEPS
+    assert got["perf/samples_per_s"] == pytest.approx(64 / saved["meter"]["elapsed"], rel=0.05)  # not 0
+    assert got["perf/samples_per_s"] * got["time/train_window_s"] == pytest.approx(64, rel=1e-9)
+    assert got["time/wall_s"] >= saved["wall_s"] > 0.1  # not the 0.001 s of a segment with nothing to train
+    assert got["time/first_step_s"] > 0 and got["eval/accuracy"] == run.data.metrics["eval/accuracy"]
+
+
+# ------------------------------------------------------------------------- the tracking server dropping out
+
+
+class ServerAway(Callback):
+    """Stops the tracking server when training ends (before the model upload); with ``back_after_s`` it starts
+    again that many seconds later, as a restarted server would."""
+
+    def __init__(self, server: Server, back_after_s: float | None = None):
+        self.server, self.back_after_s = server, back_after_s
+
+    def on_train_end(self, state):
+        drop(self.server, self.back_after_s)
+
+
+def drop(server: Server, back_after_s: float | None) -> None:
+    server.stop()
+    if back_after_s is not None:
+        threading.Timer(back_after_s, server.start).start()
+
+
+def server_overrides(tmp_path, url: str, *extra: str) -> list[str]:
+    return small(tmp_path, "tracking=server", f"tracking.uri={url}", f"tracking.spool_dir={tmp_path / 'spool'}",
+                 "tracking.system_metrics=false", "tracking.log_model=true", *extra)
+
+
+@pytest.mark.slow
+def test_a_server_away_at_model_logging_keeps_the_weights_and_resume_auto_finishes_the_same_run(tmp_path):
+    server = Server(tmp_path)
+    try:
+        url = server.start()
+        overrides = server_overrides(tmp_path, url, "tracking.upload_retry_s=2")
+        with pytest.raises(MaxoutError) as failure:
+            train(loading.load(overrides), callbacks=[ServerAway(server)], progress=False, verbose=False)
+        [final] = (tmp_path / "ckpt").glob(f"*/*/{checkpointing.file_name(STEPS)}")
+        run_id, message = final.parent.name, str(failure.value)
+        assert message.startswith(f"storing artifacts of run {run_id} at mlflow-artifacts:/") and "\n" not in message
+        assert "(tried 2 times over 2 s)" in message and "Connection refused" in message
+        assert message.endswith(f"; the trained weights are safe in the final checkpoint {final}: when the server "
+                                f"is back, run the same command with resume=auto, which logs the model and "
+                                f"finishes run {run_id}")
+
+        server.start()  # back
+        assert cli.main(["train", *overrides, "resume=auto", "--no-progress"]) == 0
+        [run] = runs_in(url)
+        assert run.info.run_id == run_id and run.info.status == "FINISHED"
+        assert run.data.tags["maxout.model_uri"].startswith("models:/m-")
+        assert [s for s, _ in history(url, run_id, "train/loss")] == list(range(1, STEPS + 1))
+        got = run.data.metrics
+        assert got["train/samples"] == 64 and got["perf/samples_per_s"] > 0
+        assert got["perf/samples_per_s"] * got["time/train_window_s"] == pytest.approx(64, rel=1e-9)
+        assert not list((tmp_path / "ckpt").glob("*/*/*.pt")) and not list((tmp_path / "spool").glob("*.jsonl"))
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_server_that_restarts_during_the_model_upload_gets_the_model_in_the_same_attempt(tmp_path, caplog):
+    server = Server(tmp_path)
+    try:
+        url = server.start()
+        with caplog.at_level(logging.WARNING, logger="maxout"):
+            result = train(loading.load(server_overrides(tmp_path, url, "tracking.upload_retry_s=300")),
+                           callbacks=[ServerAway(server, back_after_s=1)], progress=False, verbose=False)
+        assert "failed (MlflowException); trying again every 5 s for up to 300 s" in caplog.text
+        [run] = runs_in(url)
+        assert run.info.status == "FINISHED" and run.data.tags["maxout.model_uri"] == result.model_uri
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_server_that_drops_right_after_the_run_starts_gets_its_config_when_it_is_back(tmp_path, caplog,
+                                                                                         monkeypatch):
+    from maxout.train import run as run_mod
+
+    server = Server(tmp_path)
+    build = run_mod.build
+
+    def build_while_the_server_drops(*args, **kwargs):  # the run exists; config.yaml is not uploaded yet
+        drop(server, back_after_s=1)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(run_mod, "build", build_while_the_server_drops)
+    try:
+        url = server.start()
+        with caplog.at_level(logging.WARNING, logger="maxout"):
+            train(loading.load(server_overrides(tmp_path, url, "tracking.log_model=false")), progress=False,
+                  verbose=False)
+        assert "trying again every 5 s" in caplog.text
+        [run] = runs_in(url)
+        assert run.info.status == "FINISHED" and run.data.params["cfg.train.epochs"] == "2"
+        artifacts = {a.path for a in mlflow.MlflowClient(url).list_artifacts(run.info.run_id)}
+        assert {"config.yaml", "hardware.json", "versions.json"} <= artifacts
+    finally:
+        server.stop()

@@ -2,8 +2,9 @@
 
 Step metrics are buffered and sent in batches (``log_batch``, from a sender thread), never one blocking call per
 step: a synchronous ``log_metric`` to a server costs ~70 ms. Metrics, params and tags go through a local spool
-(spool.py) first, so a tracking-server outage mid-run loses nothing. Anything that could carry a credential (a
-URI with a password) is redacted before it becomes a param or tag. The model is logged as serving's pyfunc.
+(spool.py) first, so a tracking-server outage mid-run loses nothing; an artifact upload (config.yaml, the model)
+retries a server that is away for ``tracking.upload_retry_s``. Anything that could carry a credential (a URI with
+a password) is redacted before it becomes a param or tag. The model is logged as serving's pyfunc.
 """
 
 from __future__ import annotations
@@ -12,23 +13,26 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar
 
 import mlflow
 import requests
 from boto3.exceptions import Boto3Error
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from ..config import TrackingConfig
-from ..errors import MaxoutError
+from ..errors import MaxoutError, first_line
 from ..serving import pyfunc
 from . import preflight, spool as spool_mod
 from .redact import redact
 from .store import ensure_schema, resolve_uri
 
 log = logging.getLogger("maxout")
+T = TypeVar("T")
+# What a failed artifact upload raises: the tracking API, the proxied artifact API, direct S3.
+STORAGE_ERRORS = (MlflowException, Boto3Error, BotoCoreError, ClientError, requests.RequestException)
 
 
 class MLflowTracker:
@@ -37,15 +41,19 @@ class MLflowTracker:
     flush_every_s = 10.0
     max_buffer = 500
 
-    def __init__(self, run_id: str, nested: bool = False, spool_dir: Optional[str] = None, resumed: bool = False):
+    def __init__(self, run_id: str, nested: bool = False, spool_dir: Optional[str] = None, resumed: bool = False,
+                 upload_retry_s: float = 0.0):
         self.client = mlflow.MlflowClient()
         self.run_id = run_id
         self.nested = nested
+        self.upload_retry_s = upload_retry_s
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
         self._spool = spool_mod.Spool(spool_mod.path_for(run_id, spool_dir), run_id,
                                       redact(mlflow.get_tracking_uri()))
         self._sender = spool_mod.Sender(self.client, self._spool)
+        if resumed:  # the run goes on: the end an earlier attempt could not deliver (server away) no longer applies
+            self._spool.ack(*(r["seq"] for r in self._spool.pending() if "end" in r))
         self._sender.deliver()  # what a crashed earlier attempt of this run left undelivered goes first
         run = self.client.get_run(run_id)
         self.artifact_uri = run.info.artifact_uri
@@ -82,7 +90,8 @@ class MLflowTracker:
         run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=run_name or cfg.run_name,
                                nested=nested, log_system_metrics=use_system,
                                tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()})
-        return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None)
+        return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None,
+                   upload_retry_s=cfg.upload_retry_s)
 
     # -- logging
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -121,18 +130,42 @@ class MLflowTracker:
         self._send(tags=[_tag(k, v) for k, v in tags.items()])
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
-        with _storing(self):
-            self.client.log_dict(self.run_id, data, artifact_file)
+        self._store(lambda: self.client.log_dict(self.run_id, data, artifact_file))
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
-        with _storing(self):
-            self.client.log_artifact(self.run_id, local_path, artifact_path)
+        self._store(lambda: self.client.log_artifact(self.run_id, local_path, artifact_path))
 
     def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
-        with _active(self.run_id), _storing(self):
-            info = pyfunc.log_model(model_dir, signature_example)
+        def upload() -> Any:
+            with _active(self.run_id):
+                return pyfunc.log_model(model_dir, signature_example)
+
+        info = self._store(upload)
         self.set_tags({"maxout.model_uri": info.model_uri})
         return info.model_uri
+
+    def _store(self, upload: Callable[[], T]) -> T:
+        """An artifact upload. While the server (or its artifact store) is unreachable it is tried again every
+        spool.Sender.retry_s seconds, as the spool retries metrics, for up to ``upload_retry_s``; after that, or on a
+        refusal, it fails in one line naming the run and where its artifacts go (closing() then ends the run
+        FAILED). Each try fails fast, instead of MLflow's minutes of retries per request."""
+        deadline, tries = time.monotonic() + self.upload_retry_s, 0
+        while True:
+            tries += 1
+            try:
+                with spool_mod.fail_fast_http():
+                    return upload()
+            except STORAGE_ERRORS as err:
+                left = deadline - time.monotonic()
+                if not _unreachable(err) or left <= 0:
+                    retried = f" (tried {tries} times over {self.upload_retry_s:.0f} s)" if tries > 1 else ""
+                    raise MaxoutError(f"storing artifacts of run {self.run_id} at {redact(self.artifact_uri)} failed"
+                                      f"{retried}: {redact(first_line(err))[:500]}") from err
+                if tries == 1:
+                    log.warning("maxout: storing artifacts of run %s failed (%s); trying again every %.0f s for up "
+                                "to %.0f s", self.run_id, type(err).__name__, spool_mod.Sender.retry_s,
+                                self.upload_retry_s)
+            time.sleep(min(spool_mod.Sender.retry_s, max(left, 0.0)))
 
     def close(self, status: str = "FINISHED", reason: str = "") -> None:
         delivered = False
@@ -197,15 +230,9 @@ def _experiment_id(name: str, artifact_location: Optional[str]) -> str:
         return experiment.experiment_id
 
 
-@contextlib.contextmanager
-def _storing(tracker: "MLflowTracker") -> Iterator[None]:
-    """An artifact upload that fails mid-run (bucket gone, S3 endpoint down, server error) becomes one line
-    naming the run and where its artifacts go; the run itself is then ended FAILED by closing()."""
-    try:
-        yield
-    except (MlflowException, Boto3Error, BotoCoreError, ClientError, requests.RequestException) as err:
-        raise MaxoutError(f"storing artifacts of run {tracker.run_id} at {redact(tracker.artifact_uri)} failed: "
-                          f"{redact(err)}"[:1000]) from err
+def _unreachable(err: BaseException) -> bool:
+    """Worth another try: the server or the object store did not answer (as opposed to refusing the upload)."""
+    return spool_mod.unreachable(err) or isinstance(err, EndpointConnectionError)
 
 
 @contextlib.contextmanager

@@ -2,9 +2,10 @@
 
 A checkpoint holds the model, optimizer, scheduler and GradScaler states, every RNG (python, numpy, torch, CUDA),
 the data-loader position (epoch and micro-batches consumed in it: the sampler's order is a pure function of
-(seed, epoch), so the position is enough) and the loop's counters. The Checkpointer callback saves one every
-``checkpoint.every_n_steps`` steps and at each epoch end, after that step's metrics are journaled, and keeps the
-last ``keep_last``. Writes are atomic (temp file in the same directory, fsync, rename): a kill at any moment
+(seed, epoch), so the position is enough), the loop's counters, and what the run measured so far (throughput
+counters, wall and compile seconds, peak memory: totals.py, so a resumed run's figures go on from them). The
+Checkpointer callback saves one every ``checkpoint.every_n_steps`` steps and at each epoch end, after that step's
+metrics are journaled, and keeps the last ``keep_last``. Writes are atomic (temp file in the same directory, fsync, rename): a kill at any moment
 leaves the previous checkpoint intact.
 
 Each checkpoint has its SHA-256 beside it (``step-NNNNNNNN.pt.sha256``, the format ``sha256sum -c`` reads), computed
@@ -178,7 +179,8 @@ def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: di
     """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it)."""
     counters = {"step": state.step, "epoch": position[0], "batches_in_epoch": position[1],
                 "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
-                "eval_metrics": dict(state.eval_metrics)}
+                "eval_metrics": dict(state.eval_metrics), "first_step_s": state.first_step_s,
+                "measured": state.totals.so_far() if state.totals is not None else dict(state.measured)}
     return {"format": FORMAT, **meta, "state": counters, "model": setup.model.state_dict(),
             "optimizer": setup.optimizer.state_dict(), "scheduler": setup.scheduler.state_dict(),
             "scaler": setup.precision.scaler.state_dict(), "rng": rng_states()}

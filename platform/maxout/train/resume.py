@@ -92,6 +92,21 @@ class Plan:
                 "micro_batch": setup.micro_batch, "accum_steps": setup.accum_steps}
         return [checkpointing.Checkpointer(setup, tracker, self.cfg.checkpoint, directory, meta)]
 
+    def model_not_stored(self, err: MaxoutError, total_steps: int) -> MaxoutError:
+        """``err`` (the model upload failed after training) plus where the trained weights are, and how to finish
+        the same run: its final checkpoint stays (finished() is not called), and resume=auto, with no step left to
+        train, logs the model and ends the run."""
+        last = checkpointing.latest(self.root / self.run_id) if self.run_id and self.cfg.checkpoint.enabled else None
+        if last is None:
+            return MaxoutError(f"{err}; no checkpoint keeps the trained weights (checkpoint.enabled=false or none "
+                               f"could be written)")
+        step = int(checkpointing.NAME.match(last.name)[1])
+        where = (f"the trained weights are safe in the final checkpoint {last}" if step >= total_steps else
+                 f"the newest checkpoint is {last} (step {step} of {total_steps}; the final one could not be written)")
+        return MaxoutError(f"{err}; {where}: when the server is back, run the same command with resume=auto, which "
+                           f"{'logs' if step >= total_steps else 'trains the rest, logs'} the model and finishes run "
+                           f"{self.run_id}")
+
     def finished(self) -> None:
         """The run completed: its checkpoints have nothing left to resume."""
         if self.run_id:
