@@ -88,6 +88,8 @@ ANYWHERE = {
                       {"tracking_uri": "sqlite:///r.db", "name": "nli"}),
     "registry promote": (["registry", "promote", "nli", "--tracking-uri", "sqlite:///r.db", "3"],
                          {"tracking_uri": "sqlite:///r.db", "name": "nli", "version": 3}),
+    "registry register": (["registry", "register", "--metric", "eval/loss", "nli", "abc", "--direction", "minimize"],
+                          {"metric": "eval/loss", "direction": "minimize", "name": "nli", "run_id": "abc"}),
     "registry rollback": (["registry", "rollback", "--tracking-uri", "sqlite:///r.db", "nli"],
                           {"tracking_uri": "sqlite:///r.db", "name": "nli"}),
     "tracking replay": (["tracking", "replay", "a.jsonl", "--tracking-uri", "sqlite:///r.db", "b.jsonl"],

@@ -299,3 +299,43 @@ def test_a_server_that_drops_right_after_the_run_starts_gets_its_config_when_it_
         assert {"config.yaml", "hardware.json", "versions.json"} <= artifacts
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_server_away_at_registration_leaves_a_finished_run_and_one_command_registers_it(tmp_path, monkeypatch,
+                                                                                         capsys):
+    from maxout.registry import promotion
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries would take minutes
+    server = Server(tmp_path)
+    register_and_promote = promotion.register_and_promote
+
+    def after_the_server_dropped(*args, **kwargs):
+        server.stop()
+        return register_and_promote(*args, **kwargs)
+
+    monkeypatch.setattr(promotion, "register_and_promote", after_the_server_dropped)
+    try:
+        url = server.start()
+        overrides = server_overrides(tmp_path, url, "registry.name=nli", "registry.metric=eval/loss",
+                                     "registry.direction=minimize")
+        assert cli.main(["train", *overrides, "--no-progress"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        server.start()
+        [run] = runs_in(url)
+        recover = f"maxout registry register nli {run.info.run_id} --metric eval/loss --direction minimize"
+        assert err.startswith(f"maxout: error: registering the model of run {run.info.run_id} as 'nli' failed")
+        assert err.endswith(f"run {run.info.run_id} is FINISHED with its model; register it when the server is "
+                            f"back: {recover}"), err
+        assert run.info.status == "FINISHED" and run.data.tags["maxout.model_uri"].startswith("models:/m-")
+
+        monkeypatch.setattr(promotion, "register_and_promote", register_and_promote)
+        assert cli.main([*recover.split()[1:], "--tracking-uri", url]) == 0
+        assert capsys.readouterr().out.strip() == "maxout: registered nli v1; champion: first champion (eval/loss " \
+            f"{run.data.metrics['eval/loss']:.6g})"
+        assert cli.main([*recover.split()[1:], "--tracking-uri", url]) == 0  # twice: nothing more to do
+        assert capsys.readouterr().out.strip() == f"maxout: run {run.info.run_id} is registered already as nli v1"
+        model = registry_client.connect(url).get_registered_model("nli")
+        assert model.aliases == {"champion": "1", "challenger": "1"}
+    finally:
+        server.stop()

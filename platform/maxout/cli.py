@@ -121,6 +121,14 @@ def cmd_registry(args: argparse.Namespace) -> int:
             for row in table:
                 print("  ".join(row[k].ljust(w) for k, w in widths.items()).rstrip())
         return 0
+    if args.action == "register":
+        from .config import Config, RegistryConfig, TrackingConfig  # lazy: omegaconf (start-up)
+
+        cfg = Config(registry=RegistryConfig(name=args.name, metric=args.metric, direction=args.direction),
+                     tracking=TrackingConfig(uri=_tracking_uri(args)))
+        cfg.registry.validate()
+        print(f"maxout: {promotion.register_run(cfg, args.run_id, client).summary()}")
+        return 0
     if args.action == "promote":
         outcome = promotion.promote(client, args.name, args.version)
     else:
@@ -276,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     a = actions.add_parser("list", parents=[tracking_uri], help="registered models, or one model's versions")
     a.add_argument("name", nargs="?", default=None)
+    a = actions.add_parser("register", parents=[tracking_uri],
+                           help="register a finished run's model; champion if better (what registry.name does)")
+    a.add_argument("name")
+    a.add_argument("run_id", metavar="RUN_ID")
+    a.add_argument("--metric", default="eval/macro_f1", help="compared with the champion's (default: eval/macro_f1)")
+    a.add_argument("--direction", default="maximize", choices=("maximize", "minimize"))
     a = actions.add_parser("promote", parents=[tracking_uri], help="make VERSION the champion, by hand")
     a.add_argument("name")
     a.add_argument("version", type=int)
