@@ -13,23 +13,30 @@ already written lost. Tiny model, few steps; the multi-process cases are marked 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import mlflow
 import pytest
 import torch
+from mlflow.entities import Metric, Param
 
 from maxout import cli, config, loading
 from maxout.errors import MaxoutError
 from maxout.registry import client as registry_client
+from maxout.tracking import spool
 from maxout.train import Callback, checkpointing, resume, train
 
 from .conftest import ROOT, runs_in
-from .test_checkpointing import STEPS, CrashAt, history, small
+from .test_checkpointing import STEPS, CrashAt, history, small, small_data
 from .test_reliability_e2e import Server
 
 TINY = ["hardware=cpu", "model=tiny", "train.max_steps=2", "train.epochs=1", "train.log_every=1"]
@@ -148,6 +155,95 @@ def test_no_intact_checkpoint_is_one_line_naming_each_file_and_ends_the_killed_r
     [run] = runs_in(mlflow_store["uri"])
     assert run.info.status == "FAILED" and "no intact checkpoint" in run.data.tags["maxout.status_reason"]
     assert sorted(p.name for p in checkpointing.checkpoints(folder)) == ["step-00000004.pt", "step-00000006.pt"]
+
+
+
+def test_a_damaged_spool_keeps_its_sound_records_and_replay_delivers_them(tmp_path, caplog):
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    client = mlflow.MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("damaged")).info.run_id
+    path = tmp_path / f"{run_id}.jsonl"
+    journal = spool.Spool(path, run_id, store)
+    journal.append(params=[Param("cfg.lr", "0.1")], metrics=metric_steps(range(1, 6)))
+    with open(path, "ab") as f:  # a bad disk, a hand edit, a copy gone wrong
+        f.write(b'5\n' + "caf\xe9\n".encode("latin-1") + b'{"seq": "x", "metrics": []}\n'
+                + b'{"seq": 40, "metrics": [["k"]]}\n' + b"\x00" * 64 + b"\n" + b'["spool"]\n')
+    journal.append(metrics=metric_steps(range(6, 11)))
+    with open(path, "ab") as f:
+        f.write(b'{"seq": 50, "metrics": [["torn')  # and a crash mid-write
+
+    with caplog.at_level(logging.WARNING, logger="maxout"):
+        reopened = spool.Spool(path)
+    assert [r["seq"] for r in reopened.pending()] == [1, 2, 3]  # params, steps 1-5, steps 6-10
+    assert "has 7 damaged lines (4, 5, 6, 7, 8, 9, 11); skipped, the other records are kept" in caplog.text
+    assert spool.replay(path, store) == 3
+    assert [m.step for m in sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)] == \
+        list(range(1, 11))
+    assert client.get_run(run_id).data.params == {"cfg.lr": "0.1"}
+
+
+def metric_steps(steps) -> list:
+    return [Metric("train/loss", step / 10, 1_700_000_000_000 + step, step) for step in steps]
+
+
+def finder_config(tmp_path, cache_path: Path) -> tuple:
+    from maxout import data, hardware, modeling
+
+    cfg = loading.load(["hardware=cpu", "model=tiny", "tracking=none", "train.batch_size=auto",
+                        "train.target_effective_batch=8", "batch_finder.memory_budget_gb=4",
+                        f"batch_finder.cache_path={cache_path}", *small_data(tmp_path)])
+    return cfg, hardware.detect(), data.load(cfg.data), modeling.load_tokenizer(cfg.model)
+
+
+@pytest.mark.parametrize("damage", ["not json", "a list", "a bad entry", "unwritable"])
+def test_a_damaged_or_unwritable_batch_finder_cache_means_searching_again(tmp_path, caplog, damage):
+    from maxout.train import batch_finder
+
+    cache = tmp_path / ("a-file/cache.json" if damage == "unwritable" else "cache.json")
+    cfg, device, dataset, tokenizer = finder_config(tmp_path, cache)
+    key = batch_finder.search_for(cfg, device, dataset, tokenizer).key
+    writes = {"not json": b'{"cpu budget 4.0 GiB | model tiny": {"max_ba', "a list": b"[]",
+              "a bad entry": json.dumps({key: {"max_batch": "many", "upper": 8}}).encode(), "unwritable": b"a file"}
+    (tmp_path / "a-file" if damage == "unwritable" else cache).write_bytes(writes[damage])
+    with caplog.at_level(logging.WARNING, logger="maxout"):
+        result = batch_finder.find(cfg, device, dataset, tokenizer)
+    assert not result.cache_hit and result.micro_batch >= 1
+    if damage == "unwritable":
+        assert f"batch finder cache {cache} not written ([Errno 17] File exists: '{cache.parent}')" in caplog.text
+        return
+    if damage != "a bad entry":
+        assert f"batch finder cache {cache} is damaged" in caplog.text
+    assert json.loads(cache.read_text())[key]["max_batch"] == result.max_batch  # a sound file again
+    assert batch_finder.find(cfg, device, dataset, tokenizer).cache_hit
+
+
+def test_a_torn_hpo_journal_is_repaired_and_a_damaged_one_is_refused_in_one_line(tmp_path, mlflow_store, caplog,
+                                                                                capsys):
+    import optuna
+
+    from maxout.hpo import storage
+
+    journal = tmp_path / "optuna.journal"
+    cfg = loading.load(["hpo=default", *TINY, *mlflow_store["overrides"], f"hpo.storage={journal}"])
+    study = optuna.create_study(study_name="s", storage=storage.open_storage(cfg.hpo, cfg.tracking))
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    sound = journal.read_bytes()
+    with open(journal, "ab") as f:
+        f.write(b'{"op_code":4,"worker_id":"dead-')  # a worker killed while writing
+    with caplog.at_level(logging.WARNING, logger="maxout"):
+        study = optuna.load_study(study_name="s", storage=storage.open_storage(cfg.hpo, cfg.tracking))
+    assert "ended in a torn record (31 bytes, a worker died while writing it)" in caplog.text
+    assert journal.read_bytes() == sound
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)  # Optuna goes on from there
+    assert len(study.trials) == 3
+
+    lines = journal.read_bytes().split(b"\n")
+    journal.write_bytes(b"\n".join([lines[0], b"\x00\x00garbage", *lines[1:]]))
+    assert cli.main(["hpo", *TINY, *mlflow_store["overrides"], f"hpo.storage={journal}", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"maxout: error: HPO journal {journal} is damaged at line 2 of ") and "set hpo.storage" \
+        in err
+    assert runs_in(mlflow_store["uri"]) == []  # refused before the study's parent run
 
 
 # ------------------------------------------------------------------ a resumed run's figures (issue 19, case 4)
@@ -339,3 +435,161 @@ def test_a_server_away_at_registration_leaves_a_finished_run_and_one_command_reg
         assert model.aliases == {"champion": "1", "challenger": "1"}
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------- full or read-only spool and checkpoint disks
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str = "64m") -> Iterator[Path]:
+    """A small RAM disk at ``directory``: it fills up like a real one, and can be remounted read-only (root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    directory.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], check=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+class DiskTrouble(Callback):
+    """At step ``at`` the state disk fills up, or turns read-only, as another job or a failing disk would do."""
+
+    def __init__(self, disk: Path, kind: str, at: int = 5):
+        self.disk, self.kind, self.at = disk, kind, at
+
+    def on_step_end(self, state):
+        if state.step != self.at:
+            return
+        if self.kind == "read-only":
+            subprocess.run(["mount", "-o", "remount,ro", str(self.disk)], check=True)
+            return
+        with open(self.disk / "filler", "wb", buffering=0) as f:
+            for chunk in (1 << 20, 4096, 1):
+                with contextlib.suppress(OSError):
+                    while True:
+                        f.write(b"\0" * chunk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["full", "read-only"])
+def test_a_full_or_read_only_state_disk_says_which_directory_and_why_and_loses_nothing(tmp_path, mlflow_store,
+                                                                                      kind, caplog):
+    with tmpfs(tmp_path / "state") as disk:
+        overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={disk / 'spool'}",
+                          f"checkpoint.dir={disk / 'ckpt'}")
+        with caplog.at_level(logging.WARNING, logger="maxout"), pytest.raises(RuntimeError, match="crash at step 7"):
+            train(loading.load(overrides), callbacks=[DiskTrouble(disk, kind), CrashAt(7)], progress=False,
+                  verbose=False)
+        why = "No space left on device" if kind == "full" else "Read-only file system"
+        [folder] = (disk / "ckpt").glob("*/*")
+        assert f"checkpoint step-00000006.pt not written to {folder} ({why}); training goes on" in caplog.text
+        if kind == "read-only":  # a full disk may still take a few spool lines in the last page of its file
+            assert f"tracking spool {disk / 'spool'}/" in caplog.text and f".jsonl cannot be written ({why})" \
+                in caplog.text
+        [run] = runs_in(mlflow_store["uri"])
+        assert [s for s, _ in history(mlflow_store["uri"], run.info.run_id, "train/loss")] == list(range(1, 8))
+        assert [p.name for p in checkpointing.checkpoints(folder)] == ["step-00000003.pt", "step-00000004.pt"]
+        assert all(checkpointing.load_verified(p) for p in checkpointing.checkpoints(folder))
+
+        if kind == "read-only":  # the disk is fixed, or space freed: the same run goes on from step 4
+            subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+        (disk / "filler").unlink(missing_ok=True)
+        train(loading.load([*overrides, "resume=auto"]), progress=False, verbose=False)
+        [run] = runs_in(mlflow_store["uri"])
+        assert run.info.status == "FINISHED" and run.data.tags["maxout.resumed_from_step"] == "4"
+        assert [s for s, _ in history(mlflow_store["uri"], run.info.run_id, "train/loss")] == list(range(1, 9))
+
+
+# ------------------------------------------------------------------------------------- signals at each phase
+
+
+def signal_at(monkeypatch, target: object, name: str, signum: int = signal.SIGTERM) -> None:
+    """``target.name`` sends this process ``signum`` before it does its work, as a scheduler would at that moment."""
+    real = getattr(target, name)
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, interrupted)
+
+
+class SignalAtStep(Callback):
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
+
+    def on_step_end(self, state):
+        if state.step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.fixture
+def sigterm_handler():
+    """cli.main installs its SIGTERM handler (which ignores a second SIGTERM once it fired): put the old one back."""
+    saved = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, saved)
+
+
+def _phase(monkeypatch, phase: str) -> None:
+    """Make a signal arrive at ``phase`` of `maxout train`."""
+    from maxout.registry import promotion
+    from maxout.train import loop, run as run_mod
+
+    targets = {"before the run starts": (run_mod.prepare, "check"), "set-up": (run_mod, "build"),
+               "evaluation": (loop, "evaluate"), "model logging": (run_mod, "log_model"),
+               "registration": (promotion, "promote_if_better")}  # inside the promotion lock, version created
+    if phase in targets:
+        signal_at(monkeypatch, *targets[phase], signal.SIGINT if phase == "evaluation" else signal.SIGTERM)
+    elif phase == "training step":
+        fit = run_mod.fit
+        monkeypatch.setattr(run_mod, "fit", lambda s, tracker, callbacks, *rest: fit(
+            s, tracker, [*callbacks, SignalAtStep(5, signal.SIGTERM)], *rest))
+    elif phase == "checkpoint write":  # mid-write of the second checkpoint (step 4), inside torch.save
+        saves, save, write = [], checkpointing.save_atomic, checkpointing._Hashing.write
+
+        def counted(payload, path):
+            saves.append(path)
+            return save(payload, path)
+
+        def interrupted(self, data):
+            if len(saves) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return write(self, data)
+
+        monkeypatch.setattr(checkpointing, "save_atomic", counted)
+        monkeypatch.setattr(checkpointing._Hashing, "write", interrupted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["before the run starts", "set-up", "training step", "evaluation",
+                                   "checkpoint write", "model logging", "registration"])
+def test_a_signal_at_each_phase_ends_the_run_killed_with_its_checkpoints_intact(tmp_path, mlflow_store, capsys,
+                                                                               sigterm_handler, phase):
+    """SIGTERM (SIGINT during evaluation, as Ctrl-C): exit 143 (130), one line, no run left RUNNING, every
+    checkpoint intact, and where checkpoints exist resume=auto finishes the same run."""
+    overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={tmp_path / 'spool'}",
+                      "tracking.log_model=true", "registry.name=signals")
+    with pytest.MonkeyPatch.context() as patch:
+        _phase(patch, phase)
+        code = cli.main(["train", *overrides, "--no-progress"])
+    interrupted = "interrupted" if phase == "evaluation" else "terminated (SIGTERM)"
+    assert (code, capsys.readouterr().err.strip().splitlines()[-1]) == \
+        (130 if phase == "evaluation" else 143, f"maxout: {interrupted}")
+    runs = runs_in(mlflow_store["uri"])
+    assert [r.info.status for r in runs] == ({"before the run starts": [], "registration": ["FINISHED"]}
+                                             .get(phase, ["KILLED"]))
+    if phase == "registration":  # all or nothing: no version, no lock ticket left
+        client = registry_client.connect(mlflow_store["uri"])
+        assert not client.search_model_versions("name='signals'")
+        assert not client.search_model_versions(f"name='signals{config.LOCK_SUFFIX}'")
+    folders = list((tmp_path / "ckpt").glob("*/*"))
+    for checkpoint in [p for folder in folders for p in checkpointing.checkpoints(folder)]:
+        checkpointing.load_verified(checkpoint)  # intact, whatever the moment
+    assert not list((tmp_path / "ckpt").glob("*/*/.*tmp*"))
+    if phase in ("checkpoint write", "model logging"):
+        assert cli.main(["train", *overrides, "resume=auto", "--no-progress"]) == 0
+        [run] = runs_in(mlflow_store["uri"])
+        assert run.info.run_id == runs[0].info.run_id and run.info.status == "FINISHED"

@@ -177,10 +177,15 @@ class MLflowTracker:
         finally:
             if not delivered:  # the server is away: the end of the run waits in the spool with the rest
                 self._spool.append(end=(status, int(time.time() * 1000)))
-                log.warning("maxout: %d tracking records of run %s could not be delivered (%s); they are kept "
-                            "in %s: run `maxout tracking replay %s` when the server is back",
-                            len(self._spool.pending()), self.run_id, self._sender.error or "server unreachable",
-                            self._spool.path, self._spool.path)
+                why = self._sender.error or "server unreachable"
+                if self._spool.unwritable is None:
+                    log.warning("maxout: %d tracking records of run %s could not be delivered (%s); they are kept "
+                                "in %s: run `maxout tracking replay %s` when the server is back",
+                                len(self._spool.pending()), self.run_id, why, self._spool.path, self._spool.path)
+                else:
+                    log.warning("maxout: %d tracking records of run %s could not be delivered (%s), and the spool "
+                                "could not keep them (%s): they are lost", len(self._spool.pending()), self.run_id,
+                                why, self._spool.unwritable.strerror or self._spool.unwritable)
             active = mlflow.active_run()
             with contextlib.nullcontext() if delivered else _best_effort():
                 if active is not None and active.info.run_id == self.run_id:
