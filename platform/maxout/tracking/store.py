@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import mlflow
 import requests
@@ -93,8 +94,22 @@ def ensure_schema(uri: str) -> None:
     with lock if lock is not None else contextlib.nullcontext():
         if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed, or the process dies
-        client = mlflow.MlflowClient(tracking_uri=uri)
-        client.search_experiments(max_results=1)  # the tracking store: creates the whole schema if missing
-        client.search_registered_models(max_results=1)  # and the registry's view of it
+        with _quiet("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables..." and more
+            client = mlflow.MlflowClient(tracking_uri=uri)  # opens the tracking store: the schema if missing
+            client.search_experiments(max_results=1)
+            client.search_registered_models(max_results=1)  # and the registry's view of it
         if lock is not None:
             lock_path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """Only warnings and errors from ``loggers`` meanwhile: a command's output stays its own lines."""
+    saved = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
