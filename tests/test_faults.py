@@ -113,6 +113,7 @@ def flip_a_byte(path: Path) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
+@pytest.mark.slow
 def test_a_truncated_newest_checkpoint_is_skipped_and_the_same_run_continues_from_the_one_before(
         tmp_path, mlflow_store, caplog):
     overrides, run_id, folder = crashed_run(tmp_path, mlflow_store)
@@ -140,6 +141,7 @@ def test_a_flipped_byte_loads_but_its_checksum_finds_it(tmp_path):
     assert checkpointing.load_verified(path)["format"] == checkpointing.FORMAT
 
 
+@pytest.mark.slow
 def test_no_intact_checkpoint_is_one_line_naming_each_file_and_ends_the_killed_run(tmp_path, mlflow_store, capsys):
     overrides, run_id, folder = crashed_run(tmp_path, mlflow_store)
     client = mlflow.MlflowClient(mlflow_store["uri"])
@@ -266,6 +268,7 @@ def window_seconds(uri: str, run_id: str, steps: range, samples_per_step: int) -
     return sum(samples_per_step / rates[step] for step in steps)
 
 
+@pytest.mark.slow
 def test_a_run_resumed_mid_way_reports_samples_over_the_summed_training_window(tmp_path, mlflow_store):
     overrides, run_id, folder = crashed_run(tmp_path, mlflow_store)
     saved = checkpointing.load(folder / "step-00000006.pt")["state"]["measured"]
@@ -282,6 +285,7 @@ def test_a_run_resumed_mid_way_reports_samples_over_the_summed_training_window(t
     assert got["time/wall_s"] > saved["wall_s"] > before > 0
 
 
+@pytest.mark.slow
 def test_a_run_resumed_after_its_last_step_keeps_its_real_figures(tmp_path, mlflow_store):
     overrides = small(tmp_path, *mlflow_store["overrides"], f"tracking.spool_dir={tmp_path / 'spool'}")
     with pytest.raises(RuntimeError, match="after the last checkpoint"):
