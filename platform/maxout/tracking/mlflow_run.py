@@ -33,6 +33,9 @@ log = logging.getLogger("maxout")
 T = TypeVar("T")
 # What a failed artifact upload raises: the tracking API, the proxied artifact API, direct S3.
 STORAGE_ERRORS = (MlflowException, Boto3Error, BotoCoreError, ClientError, requests.RequestException)
+# An upload retries on its own schedule (_store), so MLflow's own retries are off; its timeout stays: a large
+# model's upload through the server's proxy may take the server longer than the spool's short timeout to answer.
+UPLOAD_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 
 
 class MLflowTracker:
@@ -148,12 +151,12 @@ class MLflowTracker:
         """An artifact upload. While the server (or its artifact store) is unreachable it is tried again every
         spool.Sender.retry_s seconds, as the spool retries metrics, for up to ``upload_retry_s``; after that, or on a
         refusal, it fails in one line naming the run and where its artifacts go (closing() then ends the run
-        FAILED). Each try fails fast, instead of MLflow's minutes of retries per request."""
+        FAILED). Each try is one attempt per request, instead of MLflow's minutes of retries."""
         deadline, tries = time.monotonic() + self.upload_retry_s, 0
         while True:
             tries += 1
             try:
-                with spool_mod.fail_fast_http():
+                with spool_mod.fail_fast_http(UPLOAD_HTTP):
                     return upload()
             except STORAGE_ERRORS as err:
                 left = deadline - time.monotonic()

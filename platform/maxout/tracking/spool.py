@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import mlflow
 import requests
@@ -211,11 +211,11 @@ def unreachable(err: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def fail_fast_http() -> Iterator[None]:
+def fail_fast_http(settings: Mapping[str, str] = SENDER_HTTP) -> Iterator[None]:
     """MLflow reads these per request. Process-wide while set: the sender's requests are short, and the main
     thread's requests during that moment merely get the same short timeout."""
-    saved = {k: os.environ.get(k) for k in SENDER_HTTP}
-    os.environ.update({k: v for k, v in SENDER_HTTP.items() if saved[k] is None})
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update({k: v for k, v in settings.items() if saved[k] is None})
     try:
         yield
     finally:

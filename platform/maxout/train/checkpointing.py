@@ -5,8 +5,8 @@ the data-loader position (epoch and micro-batches consumed in it: the sampler's 
 (seed, epoch), so the position is enough), the loop's counters, and what the run measured so far (throughput
 counters, wall and compile seconds, peak memory: totals.py, so a resumed run's figures go on from them). The
 Checkpointer callback saves one every ``checkpoint.every_n_steps`` steps and at each epoch end, after that step's
-metrics are journaled, and keeps the last ``keep_last``. Writes are atomic (temp file in the same directory, fsync, rename): a kill at any moment
-leaves the previous checkpoint intact.
+metrics are journaled, and keeps the last ``keep_last``. Writes are atomic (temp file in the same directory, fsync,
+rename): a kill at any moment leaves the previous checkpoint intact.
 
 Each checkpoint has its SHA-256 beside it (``step-NNNNNNNN.pt.sha256``, the format ``sha256sum -c`` reads), computed
 while it is written and renamed into place before it: resume verifies it (``load_verified``), so a truncated or

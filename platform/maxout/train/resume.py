@@ -37,6 +37,7 @@ from .setup import Setup
 
 log = logging.getLogger("maxout")
 
+
 def run_key(cfg: Config) -> str:
     tree = to_dict(cfg)
     tree.pop("resume", None)
