@@ -1,5 +1,5 @@
-"""What reliability costs: a checkpoint's size and save / restore time, and the tracker's flush on the training
-thread (the spool's journal write vs MLflow's asynchronous log_batch it replaced).
+"""What reliability costs: a checkpoint's size and save / restore time (and what its SHA-256 adds to each), and the
+tracker's flush on the training thread (the spool's journal write vs MLflow's asynchronous log_batch it replaced).
 
     python benchmarks/bench_reliability.py              # MiniLM (the demo's model), CPU
     python benchmarks/bench_reliability.py --model tiny
@@ -11,6 +11,7 @@ the machine is noisy.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -22,6 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def checkpoint_costs(model: str, repeats: int) -> dict:
+    """Save and restore, interleaved in both orders with the same save and load without the checksum (the save
+    before checksums existed: torch.save straight to the file), so the checksum's share is a ratio of one run."""
+    import torch
+
     from maxout import loading
     from maxout.train import checkpointing
     from maxout.tracking.tracker import NullTracker
@@ -31,19 +36,31 @@ def checkpoint_costs(model: str, repeats: int) -> dict:
                         "checkpoint.enabled=false"])
     setup = train(cfg, tracker=NullTracker(), progress=False, verbose=False).setup  # optimizer state exists
     state = TrainState(total_steps=setup.total_steps, step=1)
-    saves, loads = [], []
+    times: dict[str, list[float]] = {"save": [], "save_plain": [], "restore": [], "restore_unverified": []}
+
+    def plain_save(payload: dict, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / checkpointing.file_name(1)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            checkpointing.save_atomic(checkpointing.capture(setup, state, (0, 1), {}), path)
-            saves.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            checkpointing.restore(setup, checkpointing.load(path))
-            loads.append(time.perf_counter() - start)
+        path, plain = Path(tmp) / checkpointing.file_name(1), Path(tmp) / "plain.pt"
+        steps = {"save": lambda: checkpointing.save_atomic(checkpointing.capture(setup, state, (0, 1), {}), path),
+                 "save_plain": lambda: plain_save(checkpointing.capture(setup, state, (0, 1), {}), plain),
+                 "restore": lambda: checkpointing.restore(setup, checkpointing.load_verified(path)),
+                 "restore_unverified": lambda: checkpointing.restore(setup, checkpointing.load(plain))}
+        for i in range(repeats):
+            for pair in (("save", "save_plain"), ("restore", "restore_unverified")):
+                for name in (pair if i % 2 == 0 else pair[::-1]):  # both orders
+                    start = time.perf_counter()
+                    steps[name]()
+                    times[name].append(time.perf_counter() - start)
         size = path.stat().st_size
-    return {"params": sum(p.numel() for p in setup.model.parameters()), "size_mb": size / 2**20,
-            "save_s": statistics.median(saves), "restore_s": statistics.median(loads)}
+    out = {f"{k}_s": statistics.median(v) for k, v in times.items()}
+    return {"params": sum(p.numel() for p in setup.model.parameters()), "size_mb": size / 2**20, **out}
 
 
 def flush_costs(repeats: int, metrics_per_flush: int) -> dict:
@@ -81,7 +98,10 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     ckpt = checkpoint_costs(args.model, args.repeats)
     print(f"checkpoint ({args.model}, {ckpt['params']:,} params + AdamW state): {ckpt['size_mb']:.0f} MiB, "
-          f"save {ckpt['save_s']:.2f} s (atomic, fsynced), restore {ckpt['restore_s']:.2f} s")
+          f"save {ckpt['save_s']:.2f} s (atomic, fsynced, SHA-256 while writing) vs {ckpt['save_plain_s']:.2f} s "
+          f"without the checksum (ratio {ckpt['save_s'] / ckpt['save_plain_s']:.2f}); restore "
+          f"{ckpt['restore_s']:.2f} s (checksum verified) vs {ckpt['restore_unverified_s']:.2f} s unverified "
+          f"(ratio {ckpt['restore_s'] / ckpt['restore_unverified_s']:.2f})")
     flush = flush_costs(repeats=50, metrics_per_flush=60)
     ratio = flush["spool_ms"] / flush["async_log_batch_ms"]
     print(f"tracker flush of 60 metrics on the training thread: spool {flush['spool_ms']:.2f} ms vs MLflow async "

@@ -69,6 +69,7 @@ CASES = {
     "override_without_value": Case(["train.lr"], 2, ["train.lr", "overrides look like key=value"]),
     "resume_typo": Case(["resume=latest"], 2, ["resume='latest' is invalid: use resume=auto or an MLflow run id"]),
     "keep_no_checkpoints": Case(["checkpoint.keep_last=0"], 2, ["checkpoint.keep_last=0 must be >= 1"]),
+    "negative_upload_retry": Case(["tracking.upload_retry_s=-1"], 2, ["tracking.upload_retry_s=-1.0 must be >= 0"]),
     "unknown_adapter": Case(["model.adapter=qlora"], 2, ["model.adapter='qlora' (valid: none, lora, dora)"]),
     "validation_split_above_one": Case(["data.validation_split=1.5"], 2,
                                        ["data.validation_split=1.5 must be in (0, 1)"]),
@@ -170,6 +171,9 @@ CASES = {
                                  ["spool file not found: /nonexistent/run.jsonl", "pass files from"], train=False),
     "replay_not_a_spool": Case(["tracking", "replay", lambda tmp: write(tmp, "x.jsonl", '{"a": 1}\n')], 2,
                                ["is not a maxout spool file", "pass a file from"], train=False),
+    "register_unknown_run": Case(["registry", "register", "nli", "0" * 32, "--tracking-uri",
+                                  lambda tmp: f"sqlite:///{tmp / 'mlflow.db'}"], 1,
+                                 [f"run '{'0' * 32}' is not in the tracking store", "give the id"], train=False),
 }
 
 

@@ -4,6 +4,9 @@ final weights as a run that was never interrupted (deterministic, CPU)."""
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+
 import mlflow
 import pandas as pd
 import pytest
@@ -118,7 +121,7 @@ def test_uploaded_checkpoints_and_resume_of_an_unknown_or_differently_configured
         train(loading.load(overrides), callbacks=[CrashAt(4)], progress=False, verbose=False)
     [run_dir] = (tmp_path / "ckpt").glob("*/*")
     uploaded = mlflow.MlflowClient(mlflow_store["uri"]).list_artifacts(run_dir.name, "checkpoints")
-    assert [a.path for a in uploaded] == ["checkpoints/step-00000003.pt"]
+    assert [a.path for a in uploaded] == ["checkpoints/step-00000003.pt", "checkpoints/step-00000003.pt.sha256"]
     with pytest.raises(ConfigError, match="started with another config .* repeat its exact overrides"):
         resume.plan(loading.load([*overrides, "train.lr=1e-3", f"resume={run_dir.name}"]))
     with pytest.raises(ConfigError, match="no checkpoint of that run"):
@@ -140,4 +143,16 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(tmp_path, m
     (tmp_path / ".step-00000003.pt.tmp-99").write_bytes(b"a temp file left by SIGKILL")
     assert checkpointing.latest(tmp_path) == good
     assert torch.equal(checkpointing.load(good)["w"], torch.ones(3))
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000003.pt.tmp-99", "step-00000001.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000003.pt.tmp-99", "step-00000001.pt",
+                                                          "step-00000001.pt.sha256"]
+
+
+def test_each_checkpoint_has_the_sha256_of_its_bytes_beside_it(tmp_path):
+    """Hashed as torch.save writes it (no second read): the digest must be the file's, as sha256sum sees it."""
+    payload = {"format": checkpointing.FORMAT, "w": torch.randn(300, 300), "nested": {"b": torch.arange(10)}}
+    path = checkpointing.save_atomic(payload, tmp_path / checkpointing.file_name(5))
+    sums = checkpointing.checksum_file(path)
+    assert sums.read_text() == f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n"
+    check = subprocess.run(["sha256sum", "-c", sums.name], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.strip() == f"{path.name}: OK"
+    assert torch.equal(checkpointing.load_verified(path)["w"], payload["w"])

@@ -68,3 +68,51 @@ def test_cfg_prints_the_resolved_config(capsys):
     assert cli.main(["train", "model=tiny", "hardware.precision=fp32", "--cfg"]) == 0
     out = capsys.readouterr().out
     assert "precision: fp32" in out and "name: tiny" in out
+
+
+# Each command's options, put before, between and after its positional arguments (issue 19, case 5a).
+ANYWHERE = {
+    "train": (["train", "--no-progress", "model=tiny", "--overrides", "train.epochs=1", "train.lr=1e-4", "--cfg"],
+              {"no_progress": True, "cfg": True, "overrides": ["model=tiny", "train.lr=1e-4"],
+               "overrides_string": "train.epochs=1"}),
+    "hpo": (["hpo", "--no-progress", "model=tiny", "hpo.n_trials=2"],
+            {"no_progress": True, "overrides": ["model=tiny", "hpo.n_trials=2"]}),
+    "check-hardware": (["check-hardware", "--json", "model=tiny", "--no-search", "hardware=cpu"],
+                       {"json": True, "no_search": True, "overrides": ["model=tiny", "hardware=cpu"]}),
+    "find-batch-size": (["find-batch-size", "--json", "model=tiny"], {"json": True, "overrides": ["model=tiny"]}),
+    "benchmark": (["benchmark", "--steps", "2", "model=tiny", "--grid", "precision=fp32", "hardware=cpu"],
+                  {"steps": 2, "grid": "precision=fp32", "overrides": ["model=tiny", "hardware=cpu"]}),
+    "predict": (["predict", "--no-progress", "--input", "in.csv", "--model", "models:/m/1", "--batch-size", "8"],
+                {"no_progress": True, "input": "in.csv", "model": "models:/m/1", "batch_size": 8}),
+    "registry list": (["registry", "list", "--tracking-uri", "sqlite:///r.db", "nli"],
+                      {"tracking_uri": "sqlite:///r.db", "name": "nli"}),
+    "registry promote": (["registry", "promote", "nli", "--tracking-uri", "sqlite:///r.db", "3"],
+                         {"tracking_uri": "sqlite:///r.db", "name": "nli", "version": 3}),
+    "registry register": (["registry", "register", "--metric", "eval/loss", "nli", "abc", "--direction", "minimize"],
+                          {"metric": "eval/loss", "direction": "minimize", "name": "nli", "run_id": "abc"}),
+    "registry rollback": (["registry", "rollback", "--tracking-uri", "sqlite:///r.db", "nli"],
+                          {"tracking_uri": "sqlite:///r.db", "name": "nli"}),
+    "tracking replay": (["tracking", "replay", "a.jsonl", "--tracking-uri", "sqlite:///r.db", "b.jsonl"],
+                        {"tracking_uri": "sqlite:///r.db", "spool": ["a.jsonl", "b.jsonl"]}),
+}
+
+
+@pytest.mark.parametrize("command", sorted(ANYWHERE))
+def test_every_command_takes_its_options_anywhere_among_its_arguments(command):
+    argv, expected = ANYWHERE[command]
+    args = cli.build_parser().parse_args(argv)
+    assert {k: getattr(args, k) for k in expected} == expected
+
+
+def test_an_option_between_the_overrides_runs_the_command(capsys):
+    assert cli.main(["train", "model=tiny", "--cfg", "hardware.precision=fp32"]) == 0
+    out = capsys.readouterr().out
+    assert "precision: fp32" in out and "name: tiny" in out
+
+
+def test_a_mistyped_option_still_fails_wherever_it_stands(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--no-progres", "model=tiny"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "unrecognized arguments: --no-progres" in err and "\n" not in err

@@ -434,7 +434,7 @@ def test_an_upload_failure_after_the_run_started_ends_it_failed_with_one_line(st
         create_bucket(endpoint, "shortlived")
         monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", endpoint)
         cfg = loading.load([*TRAIN, "tracking.experiment_name=platform-upload-fails",
-                            "tracking.artifact_location=s3://shortlived/runs"])
+                            "tracking.artifact_location=s3://shortlived/runs", "tracking.upload_retry_s=0"])
         with pytest.raises(MaxoutError) as failure:
             train(cfg, callbacks=[StopS3(proc)], progress=False, verbose=False)
     message = str(failure.value)

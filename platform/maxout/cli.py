@@ -121,6 +121,14 @@ def cmd_registry(args: argparse.Namespace) -> int:
             for row in table:
                 print("  ".join(row[k].ljust(w) for k, w in widths.items()).rstrip())
         return 0
+    if args.action == "register":
+        from .config import Config, RegistryConfig, TrackingConfig  # lazy: omegaconf (start-up)
+
+        cfg = Config(registry=RegistryConfig(name=args.name, metric=args.metric, direction=args.direction),
+                     tracking=TrackingConfig(uri=_tracking_uri(args)))
+        cfg.registry.validate()
+        print(f"maxout: {promotion.register_run(cfg, args.run_id, client).summary()}")
+        return 0
     if args.action == "promote":
         outcome = promotion.promote(client, args.name, args.version)
     else:
@@ -230,6 +238,19 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object):
         kwargs.setdefault("allow_abbrev", False)  # a mistyped --no-progres must fail, not start a training run
         super().__init__(*args, **kwargs)
+        self._intermixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        """A command's own parser (one without sub-commands) takes its options anywhere among its positional
+        arguments: `maxout train --no-progress train.lr=1e-4` as well as `maxout train train.lr=1e-4 --no-progress`
+        (plain argparse ends a `nargs="*"` positional at the first option and refuses what follows)."""
+        if self._subparsers is not None or self._intermixing:  # intermixing itself calls this method twice
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
 
     def error(self, message: str) -> NoReturn:
         """One line, like every other maxout error (argparse prints the usage block first)."""
@@ -266,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     a = actions.add_parser("list", parents=[tracking_uri], help="registered models, or one model's versions")
     a.add_argument("name", nargs="?", default=None)
+    a = actions.add_parser("register", parents=[tracking_uri],
+                           help="register a finished run's model; champion if better (what registry.name does)")
+    a.add_argument("name")
+    a.add_argument("run_id", metavar="RUN_ID")
+    a.add_argument("--metric", default="eval/macro_f1", help="compared with the champion's (default: eval/macro_f1)")
+    a.add_argument("--direction", default="maximize", choices=("maximize", "minimize"))
     a = actions.add_parser("promote", parents=[tracking_uri], help="make VERSION the champion, by hand")
     a.add_argument("name")
     a.add_argument("version", type=int)

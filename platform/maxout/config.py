@@ -208,10 +208,12 @@ class TrackingConfig:
     s3_endpoint_url: Optional[str] = None  # direct S3 mode: sets MLFLOW_S3_ENDPOINT_URL for the client
     tags: dict = field(default_factory=dict)
     spool_dir: Optional[str] = None  # local journal of undelivered writes (spool.py); None: <state dir>/spool
+    upload_retry_s: float = 120.0  # an artifact or model upload retries an unreachable server this long
 
     def validate(self) -> None:
         _check(self.backend in TRACKING_BACKENDS, f"tracking.backend={one_of(self.backend, TRACKING_BACKENDS)}")
         _check(self.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s must be > 0")
+        _check(self.upload_retry_s >= 0, f"tracking.upload_retry_s={self.upload_retry_s} must be >= 0")
 
 
 @dataclass

@@ -94,6 +94,20 @@ class Throughput:
         self.elapsed += now - self._started
         self._started = now
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counters up to now (one sync), for a checkpoint: a resumed run's figures go on from them."""
+        self.mark()
+        return {"samples": self.samples, "real_tokens": self.real_tokens, "tokens": self.tokens, "steps": self.steps,
+                "elapsed": self.elapsed, "steady_base": list(self._steady_base) if self._steady_base else None}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from the counters of the run's earlier segments (resume): the samples they trained and the
+        seconds they took both count, so every rate stays samples / training-window seconds over the run."""
+        self.samples, self.real_tokens, self.tokens = saved["samples"], saved["real_tokens"], saved["tokens"]
+        self.steps, self.elapsed = saved["steps"], saved["elapsed"]
+        self._steady_base = tuple(saved["steady_base"]) if saved["steady_base"] else None
+        self._base_for_window = (self.elapsed, self.samples, self.real_tokens, self.steps)
+
     def window_rates(self) -> dict[str, float]:
         """Rates since the previous call (for per-interval progress metrics). Call after mark()."""
         t0, s0, r0, k0 = self._base_for_window

@@ -7,10 +7,17 @@
   with the same params (RetryHeartbeatStaleTrialCallback), and ends the dead worker's MLflow runs as KILLED.
 
 ``optuna-dashboard <storage>`` opens the same storage (the journal file path, or the URL).
+
+A journal is checked before Optuna replays it (``check_journal``): a last record torn by a worker that died while
+writing it (it was never complete, so never read) is cut off, under Optuna's own journal lock, with a warning;
+a damaged record before the end (a bad disk) is a one-line error naming the file and the line, where Optuna would
+fail with a traceback at its first read.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -19,7 +26,7 @@ from typing import Any, Optional
 import mlflow
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from ..config import HpoConfig, TrackingConfig
 from ..errors import MaxoutError, first_line
@@ -28,6 +35,7 @@ from ..tracking.redact import redact
 from ..tracking.store import resolve_uri
 
 CONNECT_TIMEOUT_S = 5  # an unreachable database fails in seconds, not after driver-default minutes
+log = logging.getLogger("maxout")
 
 
 def store_dir(tracking_cfg: TrackingConfig) -> Path:
@@ -56,6 +64,7 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
     if not is_url(where):
         path = Path(where).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
+        check_journal(path)
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}  # a worker outlives idle database connections
     if where.startswith(("postgresql", "mysql")):
@@ -75,6 +84,44 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
         raise MaxoutError(f"HPO storage unreachable at {redact(where)} ({redact(first)}); "
                           f"check hpo.storage / MAXOUT_HPO_STORAGE, or use hpo.storage=null for a local "
                           f"journal file") from None
+
+
+def check_journal(path: Path) -> None:
+    """Repair a torn last record, refuse a damaged one before it (see the module docstring). Under the lock that
+    Optuna's JournalFileBackend takes for each write, so no worker is writing while the file is read."""
+    if not path.is_file():
+        return
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+        lines = data.split(b"\n")
+        for number, line in enumerate(lines[:-1], 1):  # every line that has its newline: complete when written
+            if not _parses(line):
+                raise MaxoutError(f"HPO journal {path} is damaged at line {number} of {len(lines) - 1} (not a JSON "
+                                  f"record: {line[:40]!r}); Optuna cannot replay the studies in it: move it away and "
+                                  f"start afresh (every trial is also in MLflow), or set hpo.storage to another file")
+        torn = lines[-1]  # what follows the last newline: nothing, unless a writer died mid-record
+        if torn and _parses(torn):  # complete but for its newline: keep it
+            with open(path, "ab") as f:
+                f.write(b"\n")
+                os.fsync(f.fileno())
+        elif torn:
+            with open(path, "r+b") as f:
+                f.truncate(len(data) - len(torn))
+                os.fsync(f.fileno())
+            log.warning("maxout: HPO journal %s ended in a torn record (%d bytes, a worker died while writing "
+                        "it); removed, the records before it are intact", path, len(torn))
+    finally:
+        lock.release()
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line.decode("utf-8"))
+        return True
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
 
 
 def heartbeats(storage: Any) -> bool:

@@ -15,7 +15,7 @@ from mlflow.exceptions import MlflowException
 
 from ..config import LOCK_SUFFIX, Config
 from ..errors import MaxoutError
-from ..tracking.store import check_reachable, resolve_uri
+from ..tracking.store import check_reachable, ensure_schema, resolve_uri
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 LOGGED_MODEL_URI = re.compile(r"^models:/(m-[0-9a-f]+)$")  # what log_model returns in MLflow 3
@@ -27,6 +27,7 @@ def connect(uri: str) -> MlflowClient:
     """A client for the registry at ``uri`` (the tracking URI). The global tracking URI is set too: MLflow's SQL
     registry resolves a ``models:/<model_id>`` source through the global client."""
     check_reachable(uri)
+    ensure_schema(uri)  # registry commands may start together with training jobs on a new SQLite store
     mlflow.set_tracking_uri(uri)
     return mlflow.MlflowClient(tracking_uri=uri)
 

@@ -13,7 +13,9 @@ Every alias change runs under the registry's promotion lock (lock.py), so concur
 
 Registration is all-or-nothing: a version is created with all its tags in one call (one store transaction), and
 if promotion fails afterwards (lock timeout, a store error) the aliases and history are restored and the new
-version is deleted, so no version is left without its promotion and no lock ticket is left behind.
+version is deleted, so no version is left without its promotion and no lock ticket is left behind. A tracking
+server that stops answering during registration is one line that says how to register the run later
+(``maxout registry register NAME RUN_ID``, ``register_run``): the run and its model are kept.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import requests
 from mlflow import MlflowClient
 from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 
 from ..config import EVAL_METRICS, Config, check_registry_name
-from ..errors import ConfigError, MaxoutError
+from ..errors import ConfigError, MaxoutError, first_line
+from ..tracking.spool import unreachable
 from .client import (CHALLENGER, CHAMPION, LOGGED_MODEL_URI, PROMOTION_TAG, check_ready, client_for,
                      ensure_registered_model, exists, model_version, registered_model, all_versions)
 from .lock import AliasTransaction, PromotionLock
@@ -44,13 +48,14 @@ class Outcome:
     champion_version: Optional[int]  # who holds champion now
     previous_champion: Optional[int]
     reason: str  # also the ``maxout.promotion`` tag of the version and the run
+    registered: bool = True  # False: the run had a version already (register_run), nothing was done
 
     @property
     def promoted(self) -> bool:
-        return self.champion_version == self.version
+        return self.registered and self.champion_version == self.version
 
     def summary(self) -> str:
-        return f"registered {self.name} v{self.version}; {self.reason}"
+        return f"registered {self.name} v{self.version}; {self.reason}" if self.registered else self.reason
 
 
 def metric_of(client: MlflowClient, version: Any, metric: str) -> Optional[float]:
@@ -160,16 +165,61 @@ def register_and_promote(run_id: str, model_uri: str, metric_value: float, cfg: 
     reg = cfg.registry
     if not reg.name:
         raise ConfigError("registry.name is not set: set registry.name=NAME to register models")
-    client = client or client_for(cfg)
     tags = version_tags(run_id, reg.metric, metric_value, reg.direction, dataset_fingerprint, hardware_profile)
-    version = register(client, reg.name, model_uri, run_id=run_id, tags=tags)
     try:
-        with PromotionLock(client, reg.name, ttl_s=reg.lock_ttl_s, timeout_s=reg.lock_timeout_s) as lock:
-            return promote_if_better(client, reg.name, version, float(metric_value), reg.metric, reg.direction,
-                                     lock, run_id=run_id)
-    except BaseException:
-        _discard(client, reg.name, version)
-        raise
+        client = client or client_for(cfg)
+    except MaxoutError as err:  # the server does not answer (store.check_reachable)
+        raise _not_registered(run_id, cfg, err) from None
+    try:
+        version = register(client, reg.name, model_uri, run_id=run_id, tags=tags)
+        try:
+            with PromotionLock(client, reg.name, ttl_s=reg.lock_ttl_s, timeout_s=reg.lock_timeout_s) as lock:
+                return promote_if_better(client, reg.name, version, float(metric_value), reg.metric, reg.direction,
+                                         lock, run_id=run_id)
+        except BaseException:
+            _discard(client, reg.name, version)
+            raise
+    except (MlflowException, requests.RequestException) as err:
+        if not unreachable(err):
+            raise
+        raise _not_registered(run_id, cfg, err) from err
+
+
+def _not_registered(run_id: str, cfg: Config, err: Exception) -> MaxoutError:
+    """The server went away during registration: the run and its model are kept, one command registers it."""
+    reg = cfg.registry
+    return MaxoutError(f"registering the model of run {run_id} as {reg.name!r} failed, the tracking server did not "
+                       f"answer ({first_line(err)[:300]}); run {run_id} is FINISHED with its model; register it when "
+                       f"the server is back: maxout registry register {reg.name} {run_id} --metric {reg.metric} "
+                       f"--direction {reg.direction}")
+
+
+def register_run(cfg: Config, run_id: str, client: Optional[MlflowClient] = None) -> Outcome:
+    """Register a finished run's logged model under ``cfg.registry`` (name, metric, direction) and promote it if it
+    is better: ``maxout registry register NAME RUN_ID``, e.g. after the server was away when the run tried. A run
+    that has a version of NAME already is not registered twice."""
+    reg = cfg.registry
+    client = client or client_for(cfg)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as err:
+        raise MaxoutError(f"run {run_id!r} is not in the tracking store ({first_line(err)[:200]}); give the id "
+                          f"`maxout train` printed") from None
+    model_uri = run.data.tags.get("maxout.model_uri")
+    if not model_uri:
+        raise MaxoutError(f"run {run_id} has no logged model to register (no maxout.model_uri tag; status "
+                          f"{run.info.status}): only a finished run that logged its model can be registered")
+    done = client.search_model_versions(f"name='{reg.name}' and run_id='{run_id}'")
+    if done:
+        version = int(done[0].version)
+        return Outcome(reg.name, version, None, None, f"run {run_id} is registered already as {reg.name} v{version}",
+                       registered=False)
+    value = run.data.metrics.get(reg.metric)
+    if value is None:
+        raise MaxoutError(f"run {run_id} has no metric {reg.metric!r} (has: "
+                          f"{', '.join(sorted(k for k in run.data.metrics if k.startswith('eval/')))}); pass --metric")
+    return register_and_promote(run_id, model_uri, value, cfg, run.data.params.get("derived.data_fingerprint", ""),
+                                run.data.tags.get("maxout.hardware_profile", ""), client=client)
 
 
 def _discard(client: MlflowClient, name: str, version: int) -> None:

@@ -2,8 +2,9 @@
 
 Step metrics are buffered and sent in batches (``log_batch``, from a sender thread), never one blocking call per
 step: a synchronous ``log_metric`` to a server costs ~70 ms. Metrics, params and tags go through a local spool
-(spool.py) first, so a tracking-server outage mid-run loses nothing. Anything that could carry a credential (a
-URI with a password) is redacted before it becomes a param or tag. The model is logged as serving's pyfunc.
+(spool.py) first, so a tracking-server outage mid-run loses nothing; an artifact upload (config.yaml, the model)
+retries a server that is away for ``tracking.upload_retry_s``. Anything that could carry a credential (a URI with
+a password) is redacted before it becomes a param or tag. The model is logged as serving's pyfunc.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar
 
 import mlflow
 import requests
@@ -25,9 +26,13 @@ from ..errors import MaxoutError, first_line
 from ..serving import pyfunc
 from . import preflight, spool as spool_mod
 from .redact import redact
-from .store import resolve_uri
+from .store import ensure_schema, resolve_uri
 
 log = logging.getLogger("maxout")
+T = TypeVar("T")
+# An upload retries on its own schedule (_store), so MLflow's own retries are off; its timeout stays: a large
+# model's upload through the server's proxy may take the server longer than the spool's short timeout to answer.
+UPLOAD_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 
 
 class MLflowTracker:
@@ -36,15 +41,19 @@ class MLflowTracker:
     flush_every_s = 10.0
     max_buffer = 500
 
-    def __init__(self, run_id: str, nested: bool = False, spool_dir: Optional[str] = None, resumed: bool = False):
+    def __init__(self, run_id: str, nested: bool = False, spool_dir: Optional[str] = None, resumed: bool = False,
+                 upload_retry_s: float = 0.0):
         self.client = mlflow.MlflowClient()
         self.run_id = run_id
         self.nested = nested
+        self.upload_retry_s = upload_retry_s
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
         self._spool = spool_mod.Spool(spool_mod.path_for(run_id, spool_dir), run_id,
                                       redact(mlflow.get_tracking_uri()))
         self._sender = spool_mod.Sender(self.client, self._spool)
+        if resumed:  # the run goes on: the end an earlier attempt could not deliver (server away) no longer applies
+            self._spool.ack(*(r["seq"] for r in self._spool.pending() if "end" in r))
         self._sender.deliver()  # what a crashed earlier attempt of this run left undelivered goes first
         run = self.client.get_run(run_id)
         self.artifact_uri = run.info.artifact_uri
@@ -65,6 +74,7 @@ class MLflowTracker:
         if cfg.s3_endpoint_url:
             os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
         mlflow.set_tracking_uri(uri)
+        ensure_schema(uri)  # several jobs may start together on a new SQLite store
         parent = mlflow.active_run() if nested else None  # a nested run lives in its parent's experiment
         experiment_id = parent.info.experiment_id if parent else os.environ.get("MLFLOW_EXPERIMENT_ID")
         if run_id:  # resuming: the run's own experiment
@@ -80,7 +90,8 @@ class MLflowTracker:
         run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=run_name or cfg.run_name,
                                nested=nested, log_system_metrics=use_system,
                                tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()})
-        return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None)
+        return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None,
+                   upload_retry_s=cfg.upload_retry_s)
 
     # -- logging
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -119,18 +130,19 @@ class MLflowTracker:
         self._send(tags=[_tag(k, v) for k, v in tags.items()])
 
     def log_dict(self, data: Any, artifact_file: str) -> None:
-        with _storing(self):
-            self.client.log_dict(self.run_id, data, artifact_file)
+        self._store(lambda: self.client.log_dict(self.run_id, data, artifact_file))
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
-        with _storing(self):
-            self.client.log_artifact(self.run_id, local_path, artifact_path)
+        self._store(lambda: self.client.log_artifact(self.run_id, local_path, artifact_path))
 
     def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
         """Log the model; it ends READY, or FAILED when anything stops the upload (the run then fails too)."""
+        def upload() -> Any:
+            with _active(self.run_id):
+                return pyfunc.log_model(model_dir, signature_example)
+
         try:
-            with _active(self.run_id), _storing(self):
-                info = pyfunc.log_model(model_dir, signature_example)
+            info = self._store(upload)
         except BaseException:
             self._fail_unfinished_models()
             raise
@@ -154,6 +166,29 @@ class MLflowTracker:
             log.warning("maxout: could not mark the unfinished models of run %s FAILED: %s", self.run_id,
                         redact(first_line(err)))
 
+    def _store(self, upload: Callable[[], T]) -> T:
+        """An artifact upload. While the server (or its artifact store) is unreachable it is tried again every
+        spool.Sender.retry_s seconds, as the spool retries metrics, for up to ``upload_retry_s``; after that, or on a
+        refusal, it fails in one line naming the run and where its artifacts go (closing() then ends the run
+        FAILED). Each try is one attempt per request, instead of MLflow's minutes of retries."""
+        deadline, tries = time.monotonic() + self.upload_retry_s, 0
+        while True:
+            tries += 1
+            try:
+                with spool_mod.fail_fast_http(UPLOAD_HTTP):
+                    return upload()
+            except _storage_errors() as err:
+                left = deadline - time.monotonic()
+                if not _unreachable(err) or left <= 0:
+                    retried = f" (tried {tries} times over {self.upload_retry_s:.0f} s)" if tries > 1 else ""
+                    raise MaxoutError(f"storing artifacts of run {self.run_id} at {redact(self.artifact_uri)} failed"
+                                      f"{retried}: {redact(first_line(err))[:500]}") from err
+                if tries == 1:
+                    log.warning("maxout: storing artifacts of run %s failed (%s); trying again every %.0f s for up "
+                                "to %.0f s", self.run_id, type(err).__name__, spool_mod.Sender.retry_s,
+                                self.upload_retry_s)
+            time.sleep(min(spool_mod.Sender.retry_s, max(left, 0.0)))
+
     def close(self, status: str = "FINISHED", reason: str = "") -> None:
         delivered = False
         try:
@@ -164,10 +199,15 @@ class MLflowTracker:
         finally:
             if not delivered:  # the server is away: the end of the run waits in the spool with the rest
                 self._spool.append(end=(status, int(time.time() * 1000)))
-                log.warning("maxout: %d tracking records of run %s could not be delivered (%s); they are kept "
-                            "in %s: run `maxout tracking replay %s` when the server is back",
-                            len(self._spool.pending()), self.run_id, self._sender.error or "server unreachable",
-                            self._spool.path, self._spool.path)
+                why = self._sender.error or "server unreachable"
+                if self._spool.unwritable is None:
+                    log.warning("maxout: %d tracking records of run %s could not be delivered (%s); they are kept "
+                                "in %s: run `maxout tracking replay %s` when the server is back",
+                                len(self._spool.pending()), self.run_id, why, self._spool.path, self._spool.path)
+                else:
+                    log.warning("maxout: %d tracking records of run %s could not be delivered (%s), and the spool "
+                                "could not keep them (%s): they are lost", len(self._spool.pending()), self.run_id,
+                                why, self._spool.unwritable.strerror or self._spool.unwritable)
             active = mlflow.active_run()
             with contextlib.nullcontext() if delivered else _best_effort():
                 if active is not None and active.info.run_id == self.run_id:
@@ -176,6 +216,18 @@ class MLflowTracker:
                     self.client.set_terminated(self.run_id, status=status)
             if delivered:
                 self._spool.remove()
+
+
+def fail_if_running(cfg: TrackingConfig, run_id: str, reason: str) -> None:
+    """See tracker.fail_if_running. A run this store does not have (tracking changed since) is left alone."""
+    client = mlflow.MlflowClient(tracking_uri=resolve_uri(cfg)[0])
+    try:
+        if client.get_run(run_id).info.status != "RUNNING":
+            return
+    except MlflowException:
+        return
+    client.set_tag(run_id, "maxout.status_reason", redact(reason)[:5000])
+    client.set_terminated(run_id, "FAILED")
 
 
 def _tag(key: str, value: Any) -> RunTag:
@@ -216,17 +268,11 @@ def _storage_errors() -> tuple[type, ...]:
     return tuple(errors)
 
 
-@contextlib.contextmanager
-def _storing(tracker: "MLflowTracker") -> Iterator[None]:
-    """An artifact upload that fails mid-run (bucket gone, S3 endpoint down, server error) becomes one line
-    naming the run and where its artifacts go; the run itself is then ended FAILED by closing()."""
-    try:
-        yield
-    except Exception as err:
-        if not isinstance(err, _storage_errors()):
-            raise
-        raise MaxoutError(f"storing artifacts of run {tracker.run_id} at {redact(tracker.artifact_uri)} failed: "
-                          f"{redact(err)}"[:1000]) from err
+def _unreachable(err: BaseException) -> bool:
+    """Worth another try: the server or the object store did not answer (as opposed to refusing the upload)."""
+    botocore = sys.modules.get("botocore.exceptions")  # loaded by any S3 upload that could raise it
+    return spool_mod.unreachable(err) or (botocore is not None
+                                          and isinstance(err, botocore.EndpointConnectionError))
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from ..errors import ConfigError, MaxoutError, collect
 from ..paths import check_writable
 from . import container, spool
 from .redact import redact
-from .store import STORE_SCHEMES, check_reachable, is_http, resolve_uri, uri_source
+from .store import STORE_SCHEMES, check_reachable, ensure_schema, is_http, resolve_uri, uri_source
 
 PROBE_TIMEOUT_S = 30
 _ARTIFACTS_API = "/api/2.0/mlflow-artifacts/artifacts"
@@ -82,6 +82,7 @@ def _experiment_exists(uri: str, experiment_id: str) -> None:
     exists = not uri.startswith("sqlite:") or Path(uri.split(":///", 1)[-1]).is_file()
     if exists:
         try:
+            ensure_schema(uri)
             mlflow.MlflowClient(uri).get_experiment(experiment_id)
         except MlflowException:
             exists = False

@@ -7,7 +7,12 @@ Whatever is still unacknowledged when the run ends stays in the file for ``maxou
 
 Replay is idempotent: acknowledged records are skipped, and a record delivered twice (its acknowledgement lost
 in a crash) repeats the same metric (key, step, timestamp, value), which MLflow's store de-duplicates, and the
-same param and tag values, which MLflow accepts again.
+same param and tag values, which MLflow accepts again. A damaged line (torn by a crash mid-write, or corrupt on
+disk) is skipped, with a warning when it is not just the last line; the records around it are delivered.
+
+A journal that cannot be written (a full or read-only disk) does not stop the run: the records are kept in
+memory and the sender still delivers them (one warning names the folder and why); only a crash before they
+reach the server would lose them.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import mlflow
 import requests
@@ -57,25 +62,29 @@ class Spool:
         self._lock = threading.Lock()
         self._pending: list[dict] = []
         self._seq = 0
+        self.unwritable: Optional[OSError] = None  # set when the disk refused a write (see _write)
         if self.path.exists():
             self._load()
         elif run_id is None:
             raise MaxoutError(f"spool file not found: {self.path}; list them with `ls {default_dir()}`")
 
     def _load(self) -> None:
-        records, acked = [], set()
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:  # a line torn by a crash mid-write was never sent: skip it
-                continue
-            if "spool" in item:
+        records, acked, damaged = [], set(), []
+        lines = self.path.read_bytes().splitlines()
+        for number, line in enumerate(lines, 1):
+            item = _item(line)
+            if item is None:  # torn by a crash mid-write (never sent), or damaged on disk: skip it
+                damaged.append(number)
+            elif "spool" in item:
                 self.run_id = self.run_id or item["run_id"]
                 self.tracking_uri = self.tracking_uri or item.get("tracking_uri", "")
             elif "ack" in item:
                 acked.add(item["ack"])
-            elif "seq" in item:
+            else:
                 records.append(item)
+        if damaged and damaged != [len(lines)]:  # more than the torn last line of a crash
+            log.warning("maxout: spool %s has %d damaged lines (%s); skipped, the other records are kept", self.path,
+                        len(damaged), ", ".join(map(str, damaged[:10])) + (" ..." if len(damaged) > 10 else ""))
         if self.run_id is None:
             raise MaxoutError(f"{self.path} is not a maxout spool file (no header line); pass a file from "
                               f"{default_dir()}", exit_code=USAGE)
@@ -83,6 +92,19 @@ class Spool:
         self._seq = max((r["seq"] for r in records), default=0)
 
     def _write(self, items: Sequence[dict]) -> None:
+        """Journal ``items``; a disk that refuses (full, read-only) is one warning, and the records live on in
+        memory for the sender."""
+        if self.unwritable is not None:
+            return
+        try:
+            self._append_lines(items)
+        except OSError as err:
+            self.unwritable = err
+            log.warning("maxout: tracking spool %s cannot be written (%s); its records are kept in memory and still "
+                        "sent, but a crash before they reach the server would lose them: free space in %s or set "
+                        "tracking.spool_dir", self.path, err.strerror or err, self.path.parent)
+
+    def _append_lines(self, items: Sequence[dict]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists()
         with open(self.path, "a+", encoding="utf-8") as f:
@@ -131,9 +153,40 @@ class Spool:
         """Delete the file once everything in it was delivered (and the spool folder, if that left it empty)."""
         with self._lock:
             if not self._pending:
-                self.path.unlink(missing_ok=True)
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError):  # a read-only disk keeps it: a replay re-sends, harmlessly
+                    self.path.unlink(missing_ok=True)
                     self.path.parent.rmdir()
+
+
+def _item(line: bytes) -> Optional[dict]:
+    """A journal line as a dict: the header, an acknowledgement or a record MLflow can take; None when damaged."""
+    try:
+        item = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(item, dict):
+        return None
+    if "spool" in item:
+        return item if isinstance(item.get("run_id"), str) else None
+    if "ack" in item:
+        return item if isinstance(item["ack"], int) else None
+    if not isinstance(item.get("seq"), int):
+        return None
+    try:
+        if "end" in item:
+            str(item["end"]["status"]), int(item["end"]["end_time"])
+        else:
+            _entities(item)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return item
+
+
+def _entities(record: dict) -> tuple[list, list, list]:
+    """A record's MLflow metrics, params and tags (TypeError / ValueError when it is malformed)."""
+    return ([Metric(str(k), float(v), int(ts), int(step)) for k, v, ts, step in record.get("metrics", [])],
+            [Param(str(k), str(v)) for k, v in record.get("params", [])],
+            [RunTag(str(k), str(v)) for k, v in record.get("tags", [])])
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -146,9 +199,8 @@ def send(client: Any, run_id: str, record: dict) -> None:
     if "end" in record:
         client.set_terminated(run_id, status=record["end"]["status"], end_time=record["end"]["end_time"])
         return
-    client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in record.get("metrics", [])],
-                     params=[Param(k, v) for k, v in record.get("params", [])],
-                     tags=[RunTag(k, v) for k, v in record.get("tags", [])], synchronous=True)
+    metrics, params, tags = _entities(record)
+    client.log_batch(run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
 
 
 def unreachable(err: BaseException) -> bool:
@@ -159,11 +211,11 @@ def unreachable(err: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def fail_fast_http() -> Iterator[None]:
+def fail_fast_http(settings: Mapping[str, str] = SENDER_HTTP) -> Iterator[None]:
     """MLflow reads these per request. Process-wide while set: the sender's requests are short, and the main
     thread's requests during that moment merely get the same short timeout."""
-    saved = {k: os.environ.get(k) for k in SENDER_HTTP}
-    os.environ.update({k: v for k, v in SENDER_HTTP.items() if saved[k] is None})
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update({k: v for k, v in settings.items() if saved[k] is None})
     try:
         yield
     finally:

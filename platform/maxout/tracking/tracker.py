@@ -83,6 +83,16 @@ def start(cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Ma
                                run_id=run_id)
 
 
+def fail_if_running(cfg: TrackingConfig, run_id: str, reason: str) -> None:
+    """End ``run_id`` FAILED with ``reason`` if it is still RUNNING (its process was killed) and can no longer be
+    continued: nothing else would ever end it."""
+    if cfg.backend == "none":
+        return
+    from .mlflow_run import fail_if_running as fail  # lazy: mlflow takes 1.5 s to import (see start)
+
+    fail(cfg, run_id, reason)
+
+
 @contextlib.contextmanager
 def closing(tracker: Tracker) -> Iterator[Tracker]:
     """End the run as FINISHED, FAILED (exception, with its message as a tag) or KILLED (Ctrl-C, SIGTERM)."""

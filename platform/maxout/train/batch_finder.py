@@ -29,6 +29,7 @@ attention, the CPU budget, torch version).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -52,6 +53,8 @@ from .loop import train_step
 from .oom import free_cached
 from .setup import Setup, build, build_collator, resolve_micro_batch
 from .tensor_memory import GIB, TensorMemory, training_state
+
+log = logging.getLogger("maxout")
 
 
 @dataclass
@@ -222,10 +225,28 @@ def cache_key(cfg: Config, device: DeviceInfo, sequence_length: int, budget_byte
 
 
 def _read_cache(path: Path) -> dict:
+    """The cache's table; empty when it is missing, and when it is damaged (then with a warning): the cache is
+    only a shortcut, the search runs again and writes a sound file."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):  # missing or unreadable: search again (the cache is only a shortcut)
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as err:
+        table = err
+    if not isinstance(table, dict):
+        why = table if isinstance(table, Exception) else f"a JSON {type(table).__name__}, not a table"
+        log.warning("maxout: batch finder cache %s is damaged (%s); searching again", path, why)
+        return {}
+    return table
+
+
+def _sound(entry: Any) -> bool:
+    """A cache entry with what find() reads (a damaged or hand-edited one is a miss, not a crash)."""
+    try:
+        return (int(entry["max_batch"]) >= 0 and int(entry["upper"]) >= 1
+                and all(len(probe) == 2 for probe in entry["probes"]))
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 def cached(cfg: Config, key: str, upper: int) -> Optional[dict]:
@@ -233,7 +254,7 @@ def cached(cfg: Config, key: str, upper: int) -> Optional[dict]:
     if not cfg.batch_finder.cache:
         return None
     entry = _read_cache(cache_file(cfg)).get(key)
-    if not entry:
+    if not entry or not _sound(entry):
         return None
     if entry["max_batch"] < entry["upper"] or entry["upper"] >= upper:
         return entry
@@ -241,15 +262,24 @@ def cached(cfg: Config, key: str, upper: int) -> Optional[dict]:
 
 
 def _store(cfg: Config, key: str, entry: dict) -> None:
+    """Add ``entry`` to the cache, atomically (concurrent runs never read half a file). A disk that refuses (full,
+    read-only) is a warning: the search's answer is used all the same."""
     if not cfg.batch_finder.cache:
         return
     path = cache_file(cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = _read_cache(path)
-    table[key] = entry
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".batch_finder-", delete=False) as tmp:
-        json.dump(table, tmp, indent=1, sort_keys=True)
-    os.replace(tmp.name, path)  # atomic: concurrent runs never read half a file
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = _read_cache(path)
+        table[key] = entry
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".batch_finder-", delete=False) as tmp:
+            json.dump(table, tmp, indent=1, sort_keys=True)
+        os.replace(tmp.name, path)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp.name).unlink(missing_ok=True)
+        log.warning("maxout: batch finder cache %s not written (%s); this run uses the search's answer, the next "
+                    "one searches again", path, err)
 
 
 # ----------------------------------------------------------------------------------------------- finder

@@ -19,6 +19,8 @@ class TrainState:
     loss_steps: int = 0  # steps in loss_sum
     first_step_s: float = float("nan")
     eval_metrics: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)  # throughput, time, memory up to the checkpoint resumed from
+    totals: Any = None  # fit()'s running figures (totals.Totals); a checkpoint saves them as ``measured``
 
 
 class Callback:

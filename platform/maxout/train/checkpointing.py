@@ -2,25 +2,33 @@
 
 A checkpoint holds the model, optimizer, scheduler and GradScaler states, every RNG (python, numpy, torch, CUDA),
 the data-loader position (epoch and micro-batches consumed in it: the sampler's order is a pure function of
-(seed, epoch), so the position is enough) and the loop's counters. The Checkpointer callback saves one every
-``checkpoint.every_n_steps`` steps and at each epoch end, after that step's metrics are journaled, and keeps the
-last ``keep_last``. Writes are atomic (temp file in the same directory, fsync, rename): a kill at any moment
-leaves the previous checkpoint intact.
+(seed, epoch), so the position is enough), the loop's counters, and what the run measured so far (throughput
+counters, wall and compile seconds, peak memory: totals.py, so a resumed run's figures go on from them). The
+Checkpointer callback saves one every ``checkpoint.every_n_steps`` steps and at each epoch end, after that step's
+metrics are journaled, and keeps the last ``keep_last``. Writes are atomic (temp file in the same directory, fsync,
+rename): a kill at any moment leaves the previous checkpoint intact.
+
+Each checkpoint has its SHA-256 beside it (``step-NNNNNNNN.pt.sha256``, the format ``sha256sum -c`` reads), computed
+while it is written and renamed into place before it: resume verifies it (``load_verified``), so a truncated or
+damaged file (a bad disk, a partial copy) is found instead of loaded. A checkpoint that cannot be written (a full
+or read-only disk) is a warning: training goes on, and the checkpoints already written are kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 import numpy as np
 import torch
 
 from ..config import CheckpointConfig
+from ..errors import first_line
 from ..tracking.tracker import Tracker
 from .callbacks import Callback, TrainState
 from .setup import Setup
@@ -46,23 +54,76 @@ def latest(directory: Path) -> Optional[Path]:
     return found[-1] if found else None
 
 
+def checksum_file(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+class Damaged(Exception):
+    """A checkpoint that must not be resumed from: its checksum does not match, or it does not load."""
+
+
+class _Hashing:
+    """The file a checkpoint is written to, hashing the bytes on their way (no second read of a large file).
+    torch.save writes a file object strictly in order (tests/test_checkpointing.py checks the digest)."""
+
+    def __init__(self, f: BinaryIO):
+        self.f, self.sha256, self.error = f, hashlib.sha256(), None
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        try:
+            return self.f.write(data)
+        except OSError as err:  # torch turns it into a RuntimeError; save_atomic raises this one instead
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_atomic(payload: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(payload, f)
+            hashing = _Hashing(f)
+            try:
+                torch.save(payload, hashing)
+            except RuntimeError:
+                if hashing.error is not None:  # a full or read-only disk: say that, not torch's wrapper
+                    raise hashing.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
+        # The checksum goes into place first: a checkpoint never exists without it (a crash in between leaves a
+        # checksum without a checkpoint, which nothing reads).
+        _write_small(checksum_file(path), f"{hashing.sha256.hexdigest()}  {path.name}\n")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
+        os.fsync(dir_fd)  # the renames themselves survive a power cut
     finally:
         os.close(dir_fd)
     return path
+
+
+def _write_small(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    checksum_file(path).unlink(missing_ok=True)
 
 
 def load(path: Path) -> dict:
@@ -71,6 +132,24 @@ def load(path: Path) -> dict:
     if payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not a maxout checkpoint of format {FORMAT}")
     return payload
+
+
+def load_verified(path: Path) -> dict:
+    """``load(path)`` after checking the SHA-256 written with it; Damaged (with the reason) when either fails.
+    A checkpoint written before checksums existed is only loaded."""
+    sums = checksum_file(path)
+    if sums.exists():
+        expected = (sums.read_text(encoding="ascii", errors="replace").split() or [""])[0]
+        actual = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                actual.update(chunk)
+        if actual.hexdigest() != expected:
+            raise Damaged(f"checksum mismatch, {path.stat().st_size} bytes: truncated or damaged")
+    try:
+        return load(path)
+    except Exception as err:  # noqa: BLE001 - torch's zip reader, unpickling, a wrong format: all mean unusable
+        raise Damaged(f"unreadable: {first_line(err)[:200]}") from None
 
 
 def rng_states() -> dict:
@@ -100,7 +179,8 @@ def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: di
     """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it)."""
     counters = {"step": state.step, "epoch": position[0], "batches_in_epoch": position[1],
                 "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
-                "eval_metrics": dict(state.eval_metrics)}
+                "eval_metrics": dict(state.eval_metrics), "first_step_s": state.first_step_s,
+                "measured": state.totals.so_far() if state.totals is not None else dict(state.measured)}
     return {"format": FORMAT, **meta, "state": counters, "model": setup.model.state_dict(),
             "optimizer": setup.optimizer.state_dict(), "scheduler": setup.scheduler.state_dict(),
             "scaler": setup.precision.scaler.state_dict(), "rng": rng_states()}
@@ -134,15 +214,24 @@ class Checkpointer(Callback):
     def on_epoch_end(self, state: TrainState) -> None:
         self.save(state, (state.epoch + 1, 0))  # resumes at the start of the next epoch
 
-    def save(self, state: TrainState, position: tuple[int, int]) -> Path:
+    def save(self, state: TrainState, position: tuple[int, int]) -> Optional[Path]:
+        """Write the checkpoint of ``state``; None (and a warning) when the disk refuses it."""
         self.setup.divergence.check(self.setup, self.tracker)  # never a diverged state to resume from
         self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
-        path = save_atomic(capture(self.setup, state, position, self.meta), self.directory / file_name(state.step))
+        path = self.directory / file_name(state.step)
+        try:
+            save_atomic(capture(self.setup, state, position, self.meta), path)
+        except OSError as err:  # a full or read-only disk: the run is worth more than this one checkpoint
+            log.warning("maxout: checkpoint %s not written to %s (%s); training goes on and the checkpoints "
+                        "already there are kept: free space there or fix its permissions, or set checkpoint.dir",
+                        path.name, self.directory, err.strerror or err)
+            return None
         for old in checkpoints(self.directory)[:-self.cfg.keep_last]:
-            old.unlink(missing_ok=True)
+            remove(old)
         if self.cfg.log_to_mlflow:
             try:
-                self.tracker.log_artifact(str(path), "checkpoints")
+                for written in (path, checksum_file(path)):
+                    self.tracker.log_artifact(str(written), "checkpoints")
             except Exception as err:  # noqa: BLE001 - an upload failure must not stop training
                 log.warning("maxout: checkpoint %s not uploaded to the run (%s); it is kept locally", path.name, err)
         return path

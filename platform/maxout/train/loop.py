@@ -17,6 +17,7 @@ loss or gradient norm is recorded on the device each step and raises Diverged at
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Iterable, Iterator, Optional, Sequence
 
@@ -26,11 +27,12 @@ from tqdm.auto import tqdm
 from .. import metrics as m
 from ..data import MODEL_INPUTS
 from ..errors import first_line
-from ..optimizations import compile as compile_opt, grad_clipping
+from ..optimizations import grad_clipping
 from ..tracking.tracker import Tracker
 from .callbacks import Callback, CallbackList, TrainState
 from .evaluate import evaluate
 from .setup import Setup
+from .totals import Totals
 
 
 def accumulation_groups(loader: Iterable, accum: int) -> Iterator[list]:
@@ -94,9 +96,11 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     """Train from scratch, or from ``state`` restored from a checkpoint (model and optimizer restored too)."""
     tr, device = s.cfg.train, s.device.torch_device
     hooks, state = CallbackList(callbacks), state or TrainState(total_steps=s.total_steps)
-    meter = m.Throughput(device, warmup_steps=tr.warmup_steps_excluded)
+    # A resumed run's figures go on from those saved with its checkpoint (totals.py): never only this segment's.
+    state.totals = Totals(device, tr.warmup_steps_excluded, state.measured)
+    meter = state.totals.meter
     gpu = m.UtilizationSampler() if s.device.is_cuda else None
-    compile_before, wall_start, first_step = compile_opt.compile_seconds(), time.perf_counter(), state.step + 1
+    wall_start, first_step = time.perf_counter(), state.step + 1
     state.loss_sum = torch.as_tensor(state.loss_sum, dtype=torch.float32, device=device)  # summed between syncs
     bar = tqdm(total=s.total_steps, initial=state.step, disable=not progress, desc="train", unit="step",
                dynamic_ncols=True)
@@ -128,7 +132,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
             state.step += 1
             meter.step()
             bar.update()
-            if state.step == first_step:
+            if state.step == first_step and math.isnan(state.first_step_s):  # the run's first step, not a resume's
                 meter.mark()  # one sync: time to first step includes compile and allocator warm-up
                 state.first_step_s = time.perf_counter() - wall_start
             if state.step % tr.log_every == 0 or state.step == s.total_steps:
@@ -157,14 +161,11 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
 
     bar.close()
     s.divergence.check(s, tracker)
-    results = meter.summary()
+    results = state.totals.summary()  # throughput, wall and compile time, peak memory: every segment's
     if gpu:
         results.update(gpu.stop())
-    results.update(m.peak_memory(device))
     results.update(state.eval_metrics)
     results["time/first_step_s"] = state.first_step_s
-    results["time/compile_s"] = compile_opt.compile_seconds() - compile_before
-    results["time/wall_s"] = time.perf_counter() - wall_start
     results["train/final_loss"] = state.train_loss
     hooks.on_train_end(state)
     return results

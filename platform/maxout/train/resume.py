@@ -8,6 +8,9 @@ config except ``resume``, so the same command gives the same key; it is also the
   ``mlflow run`` (MLFLOW_RUN_ID set) only that run is considered.
 - ``resume=<run id>``: that run, which must have a checkpoint and the same config (key).
 
+Either way the run continues from its newest intact checkpoint (checksum verified, checkpointing.load_verified):
+a damaged newer one is skipped with a one-line warning; none intact is a one-line error naming each file.
+
 The continued run keeps its MLflow run id; its params are identical (same config and data), and the steps
 replayed after the checkpoint do not log again what the run already has (tracking/mlflow_run.MLflowTracker).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -26,10 +30,12 @@ from typing import Any, Optional
 from ..config import Config, to_dict
 from ..errors import ConfigError, DataError, MaxoutError
 from ..paths import checkpoint_dir, resolve_path
-from ..tracking.tracker import Tracker
+from ..tracking.tracker import Tracker, fail_if_running
 from . import checkpointing
 from .callbacks import Callback, TrainState
 from .setup import Setup
+
+log = logging.getLogger("maxout")
 
 
 def run_key(cfg: Config) -> str:
@@ -87,6 +93,21 @@ class Plan:
                 "micro_batch": setup.micro_batch, "accum_steps": setup.accum_steps}
         return [checkpointing.Checkpointer(setup, tracker, self.cfg.checkpoint, directory, meta)]
 
+    def model_not_stored(self, err: MaxoutError, total_steps: int) -> MaxoutError:
+        """``err`` (the model upload failed after training) plus where the trained weights are, and how to finish
+        the same run: its final checkpoint stays (finished() is not called), and resume=auto, with no step left to
+        train, logs the model and ends the run."""
+        last = checkpointing.latest(self.root / self.run_id) if self.run_id and self.cfg.checkpoint.enabled else None
+        if last is None:
+            return MaxoutError(f"{err}; no checkpoint keeps the trained weights (checkpoint.enabled=false or none "
+                               f"could be written)")
+        step = int(checkpointing.NAME.match(last.name)[1])
+        where = (f"the trained weights are safe in the final checkpoint {last}" if step >= total_steps else
+                 f"the newest checkpoint is {last} (step {step} of {total_steps}; the final one could not be written)")
+        return MaxoutError(f"{err}; {where}: when the server is back, run the same command with resume=auto, which "
+                           f"{'logs' if step >= total_steps else 'trains the rest, logs'} the model and finishes run "
+                           f"{self.run_id}")
+
     def finished(self) -> None:
         """The run completed: its checkpoints have nothing left to resume."""
         if self.run_id:
@@ -111,12 +132,34 @@ def plan(cfg: Config, dataset: Any = None) -> Plan:
         found = [(path, d.name) for d in candidates if (path := checkpointing.latest(d)) is not None]
         if not found:
             return fresh
-        path, run_id = max(found, key=lambda item: item[0].stat().st_mtime)
+        _, run_id = max(found, key=lambda item: item[0].stat().st_mtime)
     else:
-        run_id, path = cfg.resume, checkpointing.latest(root / cfg.resume)
-        if path is None:
+        run_id = cfg.resume
+        if checkpointing.latest(root / run_id) is None:
             raise ConfigError(_not_found(cfg, key))
-    return Plan(cfg, key, run_id, path, _check_compatible(path, key, dataset))
+    path, payload = newest_intact(cfg, run_id, root / run_id)
+    return Plan(cfg, key, run_id, path, _check_compatible(path, payload, key, dataset))
+
+
+def newest_intact(cfg: Config, run_id: str, directory: Path) -> tuple[Path, dict]:
+    """The newest checkpoint of ``run_id`` whose checksum matches and that loads (keep_last > 1 is for this), and
+    its payload. Skipping a damaged one is said in one line. None intact: the run cannot be continued, so it is
+    ended FAILED if its process was killed (it would stay RUNNING), and the error names every file and why."""
+    damaged: list[str] = []
+    for path in reversed(checkpointing.checkpoints(directory)):
+        try:
+            payload = checkpointing.load_verified(path)
+        except checkpointing.Damaged as err:
+            damaged.append(f"{path.name} ({err})")
+            continue
+        if damaged:
+            log.warning("maxout: damaged checkpoint%s %s in %s; resuming from %s, the newest intact one",
+                        "s" if len(damaged) > 1 else "", ", ".join(damaged), directory, path.name)
+        return path, payload
+    message = (f"no intact checkpoint of run {run_id} in {directory}: {', '.join(damaged)}; restore them from a "
+               f"copy, or start a new run without resume")
+    fail_if_running(cfg.tracking, run_id, message)
+    raise MaxoutError(message)
 
 
 def _not_found(cfg: Config, key: str) -> str:
@@ -128,9 +171,8 @@ def _not_found(cfg: Config, key: str) -> str:
             f"or the id of an interrupted run (a finished run keeps no checkpoints)")
 
 
-def _check_compatible(path: Path, key: str, dataset: Any) -> dict:
+def _check_compatible(path: Path, payload: dict, key: str, dataset: Any) -> dict:
     """The checkpoint's payload, if it belongs to this run key and data."""
-    payload = checkpointing.load(path)
     if payload.get("run_key") != key:
         raise ConfigError(f"checkpoint {path} belongs to run key {payload.get('run_key')}, not {key}; "
                           f"resume it with the config it was started with")

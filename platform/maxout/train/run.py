@@ -21,7 +21,7 @@ import pandas as pd
 from .. import data as data_mod
 from .. import hardware, metrics as m
 from ..config import Config, to_dict
-from ..errors import Terminated
+from ..errors import MaxoutError, Terminated
 from ..optimizations import accumulation, lora
 from ..serving import inference
 from ..tracking.params import config_params, device_params
@@ -142,7 +142,10 @@ def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Ca
         tracker.log_metrics({k: v for k, v in results.items() if not k.startswith("eval/")}, step=setup.total_steps)
         results["eval/majority_baseline"] = majority_baseline(dataset.validation.labels)
         tracker.log_metrics({"eval/majority_baseline": results["eval/majority_baseline"]}, step=setup.total_steps)
-        model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
+        try:
+            model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
+        except MaxoutError as err:  # the server stayed away: say where the weights are and how to finish the run
+            raise resuming.model_not_stored(err, setup.total_steps) if owned else err
     resuming.finished()
     return TrainResult({k: v for k, v in results.items() if v is not None}, tracker.run_id, model_uri, setup, params)
 
