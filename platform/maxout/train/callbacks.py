@@ -19,6 +19,9 @@ class TrainState:
     loss_steps: int = 0  # steps in loss_sum
     first_step_s: float = float("nan")
     eval_metrics: dict = field(default_factory=dict)
+    eval_confusion: list = field(default_factory=list)  # the last evaluation's confusion matrix
+    steps_per_epoch: int = 0  # set by fit()
+    stop_reason: str = ""  # set by a callback (early stopping): the loop stops after this step
 
 
 class Callback:

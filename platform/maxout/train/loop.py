@@ -4,13 +4,15 @@
     for each epoch (from a restored state: the rest of its epoch, skipping the micro-batches it consumed):
         for each optimizer step (accum_steps micro-batches: forward, backward; then clip, step, zero_grad):
             every log_every steps:  read loss (the one host sync), log metrics
-            every eval_interval steps:  evaluate -> on_evaluate(state, metrics)
+            at each evaluation step (evaluate.evaluation_steps: every eval_interval steps or eval_every_epochs
+            of an epoch, and after the last step):  evaluate -> on_evaluate(state, metrics)
             on_step_end(state)                # every step, after its logging: no host sync here
-        at epoch end (unless evaluated at this step already):  evaluate -> on_evaluate(state, metrics)
+            a callback set state.stop_reason (early stopping):  stop, without on_epoch_end
         on_epoch_end(state)
     on_train_end(state)
 
-A callback stops training by raising (e.g. optuna.TrialPruned); the caller decides what that means.
+A callback stops training at once by raising (e.g. optuna.TrialPruned; the caller decides what that means), or
+after this step by setting ``state.stop_reason`` (the run then ends normally).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..errors import first_line
 from ..optimizations import compile as compile_opt, grad_clipping
 from ..tracking.tracker import Tracker
 from .callbacks import Callback, CallbackList, TrainState
-from .evaluate import evaluate
+from .evaluate import evaluate, evaluation_steps
 from .setup import Setup
 
 
@@ -90,6 +92,8 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     """Train from scratch, or from ``state`` restored from a checkpoint (model and optimizer restored too)."""
     tr, device = s.cfg.train, s.device.torch_device
     hooks, state = CallbackList(callbacks), state or TrainState(total_steps=s.total_steps)
+    state.steps_per_epoch = s.steps_per_epoch
+    eval_steps = evaluation_steps(s.steps_per_epoch, s.total_steps, tr.eval_interval, tr.eval_every_epochs)
     meter = m.Throughput(device, warmup_steps=tr.warmup_steps_excluded)
     gpu = m.UtilizationSampler() if s.device.is_cuda else None
     compile_before, wall_start, first_step = compile_opt.compile_seconds(), time.perf_counter(), state.step + 1
@@ -103,9 +107,15 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     if gpu:
         gpu.start()
 
+    eval_seconds = 0.0
+
     def run_eval() -> None:
-        meter.pause()  # evaluation is not training time
-        state.eval_metrics = evaluate(s)
+        nonlocal eval_seconds
+        meter.pause()  # evaluation is not training time (time/eval_s is)
+        started = time.perf_counter()
+        result = evaluate(s)
+        state.eval_metrics, state.eval_confusion = result.metrics, result.confusion
+        eval_seconds += time.perf_counter() - started
         tracker.log_metrics(state.eval_metrics, step=state.step)
         hooks.on_evaluate(state, state.eval_metrics)
         meter.resume()
@@ -135,14 +145,14 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
                                      "train/epoch": epoch + 1, **rates}, step=state.step)
                 bar.set_postfix(loss=f"{state.train_loss:.4f}",
                                 samples_s=f"{rates['perf/window_samples_per_s']:.1f}")
-            if tr.eval_interval and state.step % tr.eval_interval == 0:
+            if state.step in eval_steps:
                 run_eval()
             hooks.on_step_end(state)  # after the step's logging: a checkpoint here resumes without a gap
-            if state.step >= s.total_steps:
+            if state.step >= s.total_steps or state.stop_reason:
                 break
+        if state.stop_reason:  # stopped early, maybe mid-epoch: the epoch did not end
+            break
         done = state.step >= s.total_steps
-        if not tr.eval_interval or (done and state.step % tr.eval_interval):
-            run_eval()  # at each epoch end, or after the last step when evaluating every N steps
         hooks.on_epoch_end(state)
         state.batches_in_epoch = 0
         if done:
@@ -157,6 +167,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     results["time/first_step_s"] = state.first_step_s
     results["time/compile_s"] = compile_opt.compile_seconds() - compile_before
     results["time/wall_s"] = time.perf_counter() - wall_start
+    results["time/eval_s"] = eval_seconds
     results["train/final_loss"] = state.train_loss
     hooks.on_train_end(state)
     return results
