@@ -29,7 +29,7 @@ def existing_file(path: str) -> Path:
     file = resolve_path(path)
     if not file.is_file():
         raise DataError(f"data file not found: {path} (resolved to {file}); check data.train_path / "
-                        f"data.validation_path")
+                        f"data.validation_path / data.test_path")
     return file
 
 
@@ -79,6 +79,7 @@ class Dataset:
     validation: Table
     label_names: list[str]
     fingerprint: str  # content hash of the files + column choice, to tag models and cache results
+    test: Optional[Table] = None  # data.test_path: scored once with the selected model, never used to select it
 
     @property
     def num_labels(self) -> int:
@@ -145,7 +146,28 @@ def load(cfg: DataConfig) -> Dataset:
         paths.append(cfg.validation_path)
     else:
         train, validation = stratified_split(train, cfg.validation_split, cfg.split_seed)
-    return Dataset(train, validation, label_names, _fingerprint(paths, cfg))
+    test = None
+    if cfg.test_path:
+        test = _test_table(cfg, label_ids)
+        paths.append(cfg.test_path)
+    return Dataset(train, validation, label_names, _fingerprint(paths, cfg), test)
+
+
+def _test_table(cfg: DataConfig, label_ids: dict[str, int]) -> Table:
+    """The test split: the model only predicts the training label set, so any other label is an error."""
+    df = read_table(cfg.test_path, cfg.format)
+    if df.empty:
+        raise DataError(f"data file {cfg.test_path} has no rows: the test set must not be empty (or unset "
+                        f"data.test_path)")
+    _columns(df, cfg, cfg.test_path)
+    labels = df[cfg.label_column].map(_label_key)
+    unknown = sorted(set(labels) - set(label_ids))
+    if unknown:
+        rows = int(labels.isin(unknown).sum())
+        raise DataError(f"data.test_path={cfg.test_path}: label(s) {unknown[:5]} ({rows} rows) are not in the "
+                        f"training label set {list(label_ids)}; the model cannot predict them: drop those rows or "
+                        f"list every label in data.labels")
+    return _table(df, cfg, label_ids, cfg.test_path)
 
 
 def stratified_split(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:

@@ -15,7 +15,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -96,14 +96,17 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: dict) -> dict:
-    """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it)."""
+def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: dict,
+            extras: Optional[dict[str, Callable[[TrainState], Any]]] = None) -> dict:
+    """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it). ``extras``
+    adds what other callbacks need back on resume (model selection: the best so far), each under its key."""
     counters = {"step": state.step, "epoch": position[0], "batches_in_epoch": position[1],
                 "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
                 "eval_metrics": dict(state.eval_metrics)}
     return {"format": FORMAT, **meta, "state": counters, "model": setup.model.state_dict(),
             "optimizer": setup.optimizer.state_dict(), "scheduler": setup.scheduler.state_dict(),
-            "scaler": setup.precision.scaler.state_dict(), "rng": rng_states()}
+            "scaler": setup.precision.scaler.state_dict(), "rng": rng_states(),
+            **{key: get(state) for key, get in (extras or {}).items()}}
 
 
 def restore(setup: Setup, payload: dict) -> TrainState:
@@ -120,8 +123,10 @@ def restore(setup: Setup, payload: dict) -> TrainState:
 class Checkpointer(Callback):
     """Saves into ``directory`` every N steps and at each epoch end; keeps the last ``keep_last``."""
 
-    def __init__(self, setup: Setup, tracker: Tracker, cfg: CheckpointConfig, directory: Path, meta: dict):
+    def __init__(self, setup: Setup, tracker: Tracker, cfg: CheckpointConfig, directory: Path, meta: dict,
+                 extras: Optional[dict[str, Callable[[TrainState], Any]]] = None):
         self.setup, self.tracker, self.cfg, self.directory, self.meta = setup, tracker, cfg, directory, meta
+        self.extras = extras or {}
         self.batches_per_epoch = len(setup.train_loader)
 
     def on_step_end(self, state: TrainState) -> None:
@@ -136,7 +141,8 @@ class Checkpointer(Callback):
 
     def save(self, state: TrainState, position: tuple[int, int]) -> Path:
         self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
-        path = save_atomic(capture(self.setup, state, position, self.meta), self.directory / file_name(state.step))
+        payload = capture(self.setup, state, position, self.meta, self.extras)
+        path = save_atomic(payload, self.directory / file_name(state.step))
         for old in checkpoints(self.directory)[:-self.cfg.keep_last]:
             old.unlink(missing_ok=True)
         if self.cfg.log_to_mlflow:
