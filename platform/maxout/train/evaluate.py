@@ -57,4 +57,4 @@ def evaluation_steps(steps_per_epoch: int, total_steps: int, eval_interval: int,
         return set(range(eval_interval, total_steps + 1, eval_interval)) | {total_steps}
     span = every_epochs * steps_per_epoch
     count = math.ceil(total_steps / span - 1e-9)
-    return {min(total_steps, max(1, round(i * span))) for i in range(1, count + 1)} | {total_steps}
+    return {min(total_steps, max(1, math.floor(i * span + 0.5))) for i in range(1, count + 1)} | {total_steps}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import platform
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Optional, Sequence
@@ -184,6 +185,8 @@ def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Ca
         # fit logged the last evaluation at the last step already: once is enough in the history. When an earlier
         # evaluation was better, its values are logged again at the last step: the latest eval/* are the model's.
         again = selected.step != last
+        if again:  # MLflow keeps, per step, the value of the latest millisecond (on a tie, the largest value)
+            time.sleep(0.002)
         tracker.log_metrics({k: v for k, v in results.items() if again or not k.startswith("eval/")}, step=last)
         tracker.set_tags({"maxout.stop_reason": selection.stop_reason or f"completed: {last} of "
                           f"{setup.total_steps} steps", "maxout.selected_step": selected.step})
