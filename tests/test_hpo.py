@@ -217,8 +217,8 @@ def test_kfold_trial_pruned_after_a_fold_shows_fewer_fold_metrics(mlflow_store, 
 
 
 def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
-    """The configured chain on a real in-memory study: a trial behind the leader but still improving is kept
-    while it improves; plain Hyperband prunes it at the first rung."""
+    """The conservative chain on a real in-memory study: a trial behind the leader but still improving is kept
+    while it improves; plain Hyperband (the default) prunes it at the first rung."""
     import optuna
 
     def steps_until_pruned(patience):
@@ -238,8 +238,10 @@ def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
                 return step
         return None
 
-    assert isinstance(hpo_study.build_pruner(loading.load(["hardware=cpu", "hpo=default"], device=cpu_device).hpo, 3),
-                      optuna.pruners.PatientPruner)
+    shipped = loading.load(["hardware=cpu", "hpo=default"], device=cpu_device).hpo  # Hyperband alone ...
+    assert isinstance(hpo_study.build_pruner(shipped, 3), optuna.pruners.HyperbandPruner)
+    conservative = loading.load(["hardware=cpu", "hpo=default", "hpo.pruner.patience=0"], device=cpu_device).hpo
+    assert isinstance(hpo_study.build_pruner(conservative, 3), optuna.pruners.PatientPruner)  # ... or patient
     assert steps_until_pruned("null") == 1
     assert steps_until_pruned(1) == 4
 

@@ -329,7 +329,7 @@ class PrunerConfig:
     max_resource: Optional[int] = None  # None: the reports of a whole trial, or k_folds in k-fold mode
     reduction_factor: int = 3
     bootstrap_count: int = 0  # trials that must finish a rung before any is promoted past it
-    patience: Optional[int] = 0  # PatientPruner: steps without improvement before Hyperband is asked; None: off
+    patience: Optional[int] = None  # PatientPruner: reports without improvement before Hyperband is asked; None: off
     min_delta: float = 0.0  # PatientPruner: an improvement smaller than this does not count
 
     def validate(self) -> None:
