@@ -120,6 +120,37 @@ def score_test_split(setup: Setup, warm: Optional[WarmStart]) -> Optional[Evalua
     return evaluate(setup, loader, split="test")
 
 
+def evaluate_now(setup: Setup, selection: ModelSelection) -> Selected:
+    """A run resumed after its last step from a checkpoint without a selection record: its model, scored now."""
+    now = evaluate(setup)
+    selection.last_step = setup.total_steps
+    return Selected(setup.total_steps, setup.total_steps / setup.steps_per_epoch, now.metrics, now.confusion)
+
+
+def log_outcome(setup: Setup, tracker: Tracker, results: dict, selection: ModelSelection, selected: Selected,
+                warm: Optional[WarmStart]) -> None:
+    """The end of a run: the final metrics (at the last step), why it stopped, the selected evaluation's confusion
+    matrix and report, and the test split scored by the selected model (into ``results`` too)."""
+    last = selection.last_step
+    # fit logged the last evaluation at the last step already: once is enough in the history. When an earlier
+    # evaluation was better, its values are logged again at the last step: the latest eval/* are the model's.
+    again = selected.step != last
+    if again:  # MLflow keeps, per step, the value of the latest millisecond (on a tie, the largest value)
+        time.sleep(0.002)
+    tracker.log_metrics({k: v for k, v in results.items() if again or not k.startswith("eval/")}, step=last)
+    tracker.set_tags({"maxout.stop_reason": selection.stop_reason or f"completed: {last} of {setup.total_steps} "
+                                                                      f"steps"})
+    results["eval/majority_baseline"] = majority_baseline(setup.dataset.validation.labels)
+    tracker.log_metrics({"eval/majority_baseline": results["eval/majority_baseline"]}, step=last)
+    labels = setup.dataset.label_names
+    reports.log(tracker, "eval", selected.evaluation(), labels, selected.step)
+    tested = score_test_split(setup, warm)
+    if tested is not None:
+        results.update(tested.metrics)
+        tracker.log_metrics(tested.metrics, step=last)
+        reports.log(tracker, "test", tested, labels, selected.step)
+
+
 def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Callback] = (), progress: bool = True,
           device: Optional[hardware.DeviceInfo] = None, verbose: bool = True,
           dataset: Optional[data_mod.Dataset] = None, warm: Optional[WarmStart] = None) -> TrainResult:
@@ -167,37 +198,16 @@ def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Ca
             selected = selection.finish()  # the model holds the selected evaluation's weights from here on
         finally:
             selection.close()
-        if selected is None:  # resumed after the last step from a checkpoint without a selection record
-            now = evaluate(setup)
-            selection.last_step = setup.total_steps
-            selected = Selected(setup.total_steps, setup.total_steps / setup.steps_per_epoch, now.metrics,
-                                now.confusion)
-        last = selection.last_step
-        results.update(selected.metrics)
-        results.update(setup.timings)
-        results.update(selection_metrics(selected, selection, setup.steps_per_epoch, setup.total_steps))
+        selected = selected or evaluate_now(setup, selection)
+        results.update({**selected.metrics, **setup.timings,
+                        **selection_metrics(selected, selection, setup.steps_per_epoch, setup.total_steps)})
         mean_len = results["train/real_tokens"] / max(results["train/samples"], 1)
         flops = m.flops_per_token(setup.model, setup.model_config, mean_len)
         peak = hardware.peak_flops(device, setup.decision("precision").effective, setup.decision("tf32").effective)
         results["perf/mfu"] = m.mfu(flops, results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]),
                                     peak)
         results["perf/flops_per_token"] = flops
-        # fit logged the last evaluation at the last step already: once is enough in the history. When an earlier
-        # evaluation was better, its values are logged again at the last step: the latest eval/* are the model's.
-        again = selected.step != last
-        if again:  # MLflow keeps, per step, the value of the latest millisecond (on a tie, the largest value)
-            time.sleep(0.002)
-        tracker.log_metrics({k: v for k, v in results.items() if again or not k.startswith("eval/")}, step=last)
-        tracker.set_tags({"maxout.stop_reason": selection.stop_reason or f"completed: {last} of "
-                          f"{setup.total_steps} steps", "maxout.selected_step": selected.step})
-        results["eval/majority_baseline"] = majority_baseline(dataset.validation.labels)
-        tracker.log_metrics({"eval/majority_baseline": results["eval/majority_baseline"]}, step=last)
-        reports.log(tracker, "eval", selected.evaluation(), setup.dataset.label_names, selected.step)
-        tested = score_test_split(setup, warm)
-        if tested is not None:
-            results.update(tested.metrics)
-            tracker.log_metrics(tested.metrics, step=last)
-            reports.log(tracker, "test", tested, setup.dataset.label_names, selected.step)
+        log_outcome(setup, tracker, results, selection, selected, warm)
         model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
     resuming.finished()
     return TrainResult({k: v for k, v in results.items() if v is not None}, tracker.run_id, model_uri, setup, params)
