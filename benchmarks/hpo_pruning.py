@@ -17,11 +17,11 @@
    interval (every 0.5 or 1 epoch), Hyperband's min_resource and reduction_factor, with and without
    PatientPruner. Each gives the trial-epochs it would run and the best score it would keep, without training
    again. The pruned study (section 1) runs the setting picked from this curve (the most compute saved, counting
-   evaluations too, at a best score within 0.01 of the unpruned study's; --pruned overrides it), and its real
-   figures are checked against the replay's prediction.
-3. Per-trial overhead: short trials (one optimizer step, 16 validation rows) with hpo.warm_start on and off,
-   interleaved (off, on, on, off): seconds per trial outside training and evaluation, and where they go (config,
-   model load, tokenization, tracking).
+   evaluations too, at a best score within 0.01 of the unpruned study's), or with --pruned the given setting,
+   then at the same time as the unpruned study; its real figures are checked against the replay's prediction.
+3. Per-trial overhead: one-step trials (16 validation rows) with hpo.warm_start on and off and, with
+   --before-src, an earlier checkout's code, each in its own process, interleaved: seconds per trial, and the
+   set-up it logs (model load, tokenization).
 4. Compile cache (--skip-compile to leave out): the tiny model with hardware.compile=true, tuning only optimizer-side
    hyper-parameters: a first process compiles into an empty TorchInductor cache, a second trial runs in the same
    process, a second process (another worker) on the now warm on-disk cache.
@@ -82,13 +82,14 @@ def tracking_uris(base: list[str]) -> list[str]:
     return [f"sqlite:///{db}" for db in sorted(out.glob("mlflow*.db"))]
 
 
-def base_overrides(args: argparse.Namespace, out: Path) -> list[str]:
+def base_overrides(args: argparse.Namespace, out: Path, write: bool = True) -> list[str]:
     return ["hardware=cpu", f"model={args.model}", "hpo=default", f"train.epochs={args.epochs}",
             f"hpo.n_trials={args.trials}", "hpo.sampler.name=random", f"hpo.sampler.seed={args.seed}",
             "hpo.log_models=none", "~hpo.search_space.train.target_effective_batch",
             "hpo.search_space.train.lr.low=1e-6", "hpo.search_space.train.lr.high=5e-4",
             f"hpo.report_every_epochs={args.report_every}", "train.deterministic=true",
-            *subsets(args.train_rows, args.validation_rows, args.seed, out), *store(out)]
+            *(subsets(args.train_rows, args.validation_rows, args.seed, out) if write else
+              [f"data.{name}_path={out / f'{name}.csv'}" for name in ("train", "validation")]), *store(out)]
 
 
 # ------------------------------------------------------------------------------------------------ the studies
@@ -129,36 +130,70 @@ def configurations(base: list[str], n: int, seed: int) -> list[dict]:
     return [search_space.suggest(draw.ask(), specs) for _ in range(n)]
 
 
-def run_study(name: str, base: list[str], overrides: list[str], configs: list[dict], workers: int) -> StudyFigures:
-    """The study ``name`` with ``configs`` queued as its trials 0, 1, ... (so the pruned and unpruned studies
-    train the same configurations under the same trial numbers, whatever the number of workers), run by
-    ``workers`` ``maxout hpo`` processes of one torch thread each."""
+class Running:
+    """A study run by ``workers`` ``maxout hpo`` processes of one torch thread each, with ``configs`` queued as its
+    trials 0, 1, ... (so the pruned and unpruned studies train the same configurations under the same trial
+    numbers, whatever the number of workers). One worker per MLflow store (SQLite serialises writers)."""
+
+    def __init__(self, name: str, base: list[str], overrides: list[str], configs: list[dict], workers: int,
+                 first_store: int = 0):
+        import optuna
+
+        self.name, self.base, self.overrides, self.configs, self.workers = name, base, overrides, configs, workers
+        study = optuna.create_study(study_name=name, storage=open_journal(base), direction="maximize")
+        for values in configs:
+            study.enqueue_trial(values)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.started = time.perf_counter()
+        self.logs = [Path(tempfile.gettempdir()) / f"maxout-bench-{name}-{i}.log" for i in range(workers)]
+        self.procs = [subprocess.Popen([sys.executable, "-m", "maxout", "hpo", *base,
+                                        *worker_store(base, first_store + i), *overrides, f"hpo.study_name={name}",
+                                        f"hpo.n_trials={len(configs)}", "--no-progress"], cwd=ROOT, env=env,
+                                       stdout=open(log, "w"), stderr=subprocess.STDOUT)
+                      for i, log in enumerate(self.logs)]
+
+    def wait(self) -> None:
+        if any(p.wait() for p in self.procs):
+            raise SystemExit(f"maxout hpo failed for study {self.name}: see {[str(log) for log in self.logs]}")
+
+
+def matched(study, configs: list[dict]) -> list:
+    """The study's finished trial of each queued configuration, in the configurations' order. By parameters, not
+    trial number: a trial whose worker was lost (FAIL) is queued again under a later number."""
+    from optuna.trial import TrialState
+
+    finished = [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    return [next(t for t in finished if t.params == values) for values in configs]
+
+
+def figures(name: str, study, configs: list[dict], overrides: list[str]) -> StudyFigures:
+    """A study's figures from its storage: its queued configurations' trials only (a worker may start one trial
+    more once the queue is empty)."""
     import optuna
 
     from maxout.hpo.report import counts
 
-    storage = open_journal(base)
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
-    for values in configs:
-        study.enqueue_trial(values)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    started = time.perf_counter()
-    logs = [open(Path(tempfile.gettempdir()) / f"maxout-bench-{name}-{i}.log", "w") for i in range(workers)]
-    procs = [subprocess.Popen([sys.executable, "-m", "maxout", "hpo", *base, *worker_store(base, i), *overrides,
-                               f"hpo.study_name={name}", f"hpo.n_trials={len(configs)}", "--no-progress"],
-                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
-    if any(p.wait() for p in procs):
-        raise SystemExit(f"maxout hpo failed for study {name}: see {[log.name for log in logs]}")
-    elapsed = time.perf_counter() - started
-    # Several workers may each start one trial more once the queue is empty: only the queued ones count.
-    trials = [t for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
-              if t.number < len(configs)]
+    trials = matched(study, configs)
     c = counts(trials)
     complete = [t.value for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    spent = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in trials if t.datetime_complete)
+    spent = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in trials)
+    elapsed = (max(t.datetime_complete for t in trials) - min(t.datetime_start for t in trials)).total_seconds()
+    workers = len({t.user_attrs.get("worker") for t in study.get_trials(deepcopy=False)})
     return StudyFigures(name, overrides, workers, max(complete) if complete else math.nan, c["hpo/trial_epochs_run"],
                         c["hpo/trial_epochs_without_pruning"], int(c["hpo/trial_evaluations"]),
                         int(c["hpo/trials_pruned"]), elapsed, spent)
+
+
+def real_order(study, configs: list[dict]) -> list[Optional[int]]:
+    """The pruned study's trials by number: the configuration each ran, None for a trial that failed (the replay
+    repeats the same sequence, so each trial meets the same Hyperband bracket and competitors)."""
+    from optuna.trial import TrialState
+
+    order: list[Optional[int]] = []
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        index = next((i for i, values in enumerate(configs) if t.params == values), None)
+        order.append(index if t.state in (TrialState.COMPLETE, TrialState.PRUNED) else None)
+    return order
 
 
 def load_study(base: list[str], name: str):
@@ -194,13 +229,10 @@ class Curve:
     planned: float
 
 
-def curves(study, n: int) -> list[Curve]:
-    """Trials 0 .. n-1 of the unpruned study, in order."""
-    from optuna.trial import TrialState
-
+def curves(study, configs: list[dict]) -> list[Curve]:
+    """The unpruned study's trial of each configuration, in the configurations' order."""
     out = []
-    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.number < n]
-    for t in sorted(trials, key=lambda t: t.number):
+    for t in matched(study, configs):
         steps = sorted(t.intermediate_values)
         per_report = t.user_attrs["epochs_planned"] / steps[-1]  # reports are evenly spaced in epochs
         out.append(Curve([(k, t.intermediate_values[k]) for k in steps], [k * per_report for k in steps],
@@ -226,8 +258,10 @@ class Setting:
                 f"reduction {self.reduction_factor}")
 
 
-def replay(trials: list[Curve], setting: Setting, study_name: str, direction: str = "maximize") -> dict:
-    """What a study with ``setting`` would have run, trial by trial in order, on these curves."""
+def replay(trials: list[Curve], setting: Setting, study_name: str, direction: str = "maximize",
+           order: Optional[list] = None) -> dict:
+    """What a study with ``setting`` would have run, trial by trial in order, on these curves. ``order``: the
+    curve each trial number runs (None: a failed trial), as in a real study; default: 0, 1, 2, ..."""
     import optuna
     from optuna.trial import TrialState
 
@@ -242,8 +276,12 @@ def replay(trials: list[Curve], setting: Setting, study_name: str, direction: st
         study = optuna.create_study(study_name=study_name, direction=direction, pruner=build_pruner(hpo, reports))
     epochs = evaluations = pruned = 0.0
     best = -math.inf if direction == "maximize" else math.inf
-    for curve in trials:
+    for index in (order if order is not None else range(len(trials))):
         trial = study.ask()
+        if index is None:
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        curve = trials[index]
         kept = list(zip(curve.values, curve.epochs))[setting.every - 1::setting.every]
         stopped = None
         for k, ((_, value), at_epochs) in enumerate(kept, 1):
@@ -313,36 +351,49 @@ def trade_off_png(rows: list[dict], chosen: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def same_curves(unpruned, pruned) -> float:
-    """The largest difference between a pruned-study trial's reports and the same trial's in the unpruned study
+def same_curves(unpruned, pruned, configs: list[dict]) -> float:
+    """The largest difference between a configuration's reports in the pruned study and in the unpruned one
     (0: the replay's premise holds)."""
-    a = {t.number: t.intermediate_values for t in unpruned.get_trials(deepcopy=False)}
     worst = 0.0
-    for t in pruned.get_trials(deepcopy=False):
-        for k, v in t.intermediate_values.items():
-            if k in a.get(t.number, {}):
-                worst = max(worst, abs(a[t.number][k] - v))
+    for a, b in zip(matched(unpruned, configs), matched(pruned, configs)):
+        for k, v in b.intermediate_values.items():
+            worst = max(worst, abs(a.intermediate_values[k] - v))
     return worst
 
 
 def pruning(args: argparse.Namespace, out: Path) -> dict:
-    base = base_overrides(args, out)
+    """The unpruned study, the replay, the pruned study. With --pruned the pruned study runs at the same time as
+    the unpruned one (both see the same machine load); without, it runs after, with the replay's pick. With
+    --reuse, the studies of an earlier run are analysed again (nothing trains)."""
+    base = base_overrides(args, out, write=not args.reuse)
     configs = configurations(base, args.trials, args.seed)
-    unpruned = run_study("unpruned", base, ["hpo.pruner.name=none"], configs, args.workers)
+    pruned_overrides = args.pruned.split() if args.pruned else []
+    pruned_run = None
+    if not args.reuse:
+        unpruned_run = Running("unpruned", base, ["hpo.pruner.name=none"], configs, args.workers)
+        # One worker for the pruned study: its pruning decisions depend on the order its trials reach each rung.
+        pruned_run = Running("pruned", base, pruned_overrides, configs, 1, args.workers) if args.pruned else None
+        unpruned_run.wait()
     study_a = load_study(base, "unpruned")
-    recorded = curves(study_a, args.trials)
+    unpruned = figures("unpruned", study_a, configs, ["hpo.pruner.name=none"])
+    recorded = curves(study_a, configs)
     epoch_s, eval_s = costs(base, "unpruned")
     rows = trade_off(recorded, "pruned", unpruned.best, epoch_s, eval_s, args.report_every)
     chosen = pick(rows)
-    pruned_overrides = args.pruned.split() if args.pruned else Setting(
-        chosen["every"], chosen["min_resource"], chosen["reduction_factor"], chosen["patience"]
-    ).overrides(args.report_every)
-    predicted = next((r for r in rows if Setting(r["every"], r["min_resource"], r["reduction_factor"],
-                                                 r["patience"]).overrides(args.report_every) == pruned_overrides), None)
-    pruned = run_study("pruned", base, pruned_overrides, configs, 1)  # one worker: pruning depends on the order
+    if not args.pruned:
+        pruned_overrides = Setting(chosen["every"], chosen["min_resource"], chosen["reduction_factor"],
+                                   chosen["patience"]).overrides(args.report_every)
+        pruned_run = None if args.reuse else Running("pruned", base, pruned_overrides, configs, 1, args.workers)
+    if pruned_run is not None:
+        pruned_run.wait()
     study_b = load_study(base, "pruned")
+    pruned = figures("pruned", study_b, configs, pruned_overrides)
+    setting = next((Setting(r["every"], r["min_resource"], r["reduction_factor"], r["patience"]) for r in rows
+                    if Setting(r["every"], r["min_resource"], r["reduction_factor"],
+                               r["patience"]).overrides(args.report_every) == pruned_overrides), None)
+    predicted = replay(recorded, setting, "pruned", order=real_order(study_b, configs)) if setting else None
     return {"unpruned": asdict(unpruned), "pruned": asdict(pruned), "rows": rows, "chosen": chosen,
-            "predicted": predicted, "curve_difference": same_curves(study_a, study_b), "epoch_s": epoch_s,
+            "predicted": predicted, "curve_difference": same_curves(study_a, study_b, configs), "epoch_s": epoch_s,
             "eval_s": eval_s}
 
 
@@ -350,32 +401,43 @@ def pruning(args: argparse.Namespace, out: Path) -> dict:
 
 
 def overhead(args: argparse.Namespace, out: Path) -> dict:
-    """Per-trial seconds outside training and evaluation, warm start off and on (ABBA, in this process)."""
+    """Seconds per trial of one-step trials (16 validation rows: almost no compute), each variant in its own
+    ``maxout hpo`` process, interleaved (A B C C B A): warm start on, off, and, with --before-src, the code of an
+    earlier checkout (PYTHONPATH=<src>/platform; e.g. `git archive main platform | tar -x -C DIR`). The first trial
+    of a process pays for its imports and first loads, so only the later ones count."""
     import mlflow
 
     base = ["hardware=cpu", f"model={args.model}", "hpo=default", "train.max_steps=1", "train.epochs=1",
             "hpo.pruner.name=none", "hpo.log_models=none", "tracking.log_model=false", "hpo.sampler.name=random",
-            f"hpo.sampler.seed={args.seed}", *subsets(args.train_rows, 16, args.seed, out / "short"), *store(out)]
-    from maxout.hpo import study
-
-    runs: dict[bool, list] = {True: [], False: []}
-    for i, warm in enumerate((False, True, True, False)):
-        name = f"overhead-{i}-{'warm' if warm else 'cold'}"
-        study.run([*base, f"hpo.warm_start={str(warm).lower()}", f"hpo.n_trials={args.overhead_trials}",
-                   f"hpo.study_name={name}"])
-        trials = load_study(base, name).get_trials(deepcopy=False)
-        client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
-        by_number = {int(r.data.tags["maxout.hpo.trial_number"]): r.data.metrics for r in client.search_runs(
-            [client.get_experiment_by_name("maxout").experiment_id],
-            f"tags.`maxout.hpo.study` = '{name}' and tags.`maxout.command` = 'hpo-trial'")}
-        for t in trials[1:]:  # the first trial of an invocation pays for the process's first loads
-            m = by_number[t.number]
-            wall = (t.datetime_complete - t.datetime_start).total_seconds()
-            runs[warm].append({"wall": wall, "outside": wall - m["time/train_window_s"] - m["time/eval_s"],
-                               "model_load": m["time/model_load_s"], "tokenize": m["time/tokenize_s"],
-                               "compile": m["time/compile_s"]})
-    return {("warm" if w else "cold"): {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-            for w, rows in runs.items()}
+            f"hpo.sampler.seed={args.seed}", f"hpo.n_trials={args.overhead_trials}",
+            *subsets(args.train_rows, 16, args.seed, out / "short"), *store(out, 9)]
+    variants = {"warm start (this checkout)": [], "hpo.warm_start=false": ["hpo.warm_start=false"]}
+    if args.before_src:
+        variants[f"before ({args.before_src})"] = []
+    order = list(variants) + list(reversed(variants))
+    rows: dict[str, list] = {name: [] for name in variants}
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow-9.db'}")
+    for i, name in enumerate(order):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if name.startswith("before"):
+            env["PYTHONPATH"] = str(Path(args.before_src) / "platform")
+        study = f"overhead-{i}"
+        done = subprocess.run([sys.executable, "-m", "maxout", "hpo", *base, *variants[name],
+                               f"hpo.study_name={study}", "--no-progress"], cwd=ROOT, env=env, capture_output=True,
+                              text=True)
+        if done.returncode:
+            raise SystemExit(f"maxout hpo ({name}) failed: {done.stderr[-2000:]}")
+        trials = load_study(store(out, 9), study).get_trials(deepcopy=False)
+        runs = client.search_runs([client.get_experiment_by_name("maxout").experiment_id],
+                                  f"tags.`maxout.hpo.study` = '{study}' and tags.`maxout.command` = 'hpo-trial'")
+        metrics = {int(r.data.tags["maxout.hpo.trial_number"]): r.data.metrics for r in runs}
+        for t in trials[1:]:
+            m = metrics[t.number]
+            rows[name].append({"trial_s": (t.datetime_complete - t.datetime_start).total_seconds(),
+                               "train_s": m["time/train_window_s"], "model_load_s": m.get("time/model_load_s"),
+                               "tokenize_s": m.get("time/tokenize_s")})
+    return {name: {key: statistics.median(r[key] for r in found) if found[0][key] is not None else None
+                   for key in found[0]} for name, found in rows.items()}
 
 
 # ------------------------------------------------------------------------------------------------ compile cache
@@ -456,10 +518,12 @@ def main() -> None:
     parser.add_argument("--pruned", default="", help="overrides for the pruned study (default: picked by replay)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2, help="processes for the unpruned study (1 thread each)")
-    parser.add_argument("--overhead-trials", type=int, default=4)
+    parser.add_argument("--overhead-trials", type=int, default=6)
+    parser.add_argument("--before-src", default="", help="a checkout whose per-trial overhead to compare with")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: deterministic curves, and no spinning against other jobs)")
     parser.add_argument("--figure", default=str(ROOT / "benchmarks/figures/hpo_pruning_tradeoff.png"))
+    parser.add_argument("--reuse", default="", help="analyse the studies of an earlier run's folder again")
     parser.add_argument("--skip-pruning", action="store_true")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-compile", action="store_true")
@@ -468,8 +532,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    out = Path(tempfile.mkdtemp(prefix="maxout-bench-hpo-"))
-    (out / "short").mkdir()
+    out = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="maxout-bench-hpo-"))
+    (out / "short").mkdir(exist_ok=True)
     if not args.skip_pruning:
         found = pruning(args, out)
         (out / "pruning.json").write_text(json.dumps(found, indent=1, default=str))
@@ -479,13 +543,14 @@ def main() -> None:
         print_pruning(args, found, figure)
     if not args.skip_overhead:
         found = overhead(args, out)
-        print("\n## Per-trial overhead: seconds per trial outside training and evaluation (median, trials after the "
-              "first)\n")
-        print("| warm start | trial wall s | outside training + evaluation | model load | tokenization | compile |")
-        print("|---|---|---|---|---|---|")
+        print(f"\n## Per-trial overhead: one-step trials, {args.model}, median seconds per trial (trials after each "
+              f"process's first)\n")
+        print("| code | trial s | of which training | model load | tokenization |")
+        print("|---|---|---|---|---|")
+        show = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         for name, row in found.items():
-            print(f"| {name} | {row['wall']:.2f} | {row['outside']:.2f} | {row['model_load']:.2f} | "
-                  f"{row['tokenize']:.2f} | {row['compile']:.2f} |")
+            print(f"| {name} | {row['trial_s']:.2f} | {row['train_s']:.2f} | {show(row['model_load_s'])} | "
+                  f"{show(row['tokenize_s'])} |")
     if not args.skip_compile:
         times = compile_cache(out, args.threads)
         print("\n## Compile cache: tiny model, hardware.compile=true, time/compile_s per trial\n")
