@@ -44,6 +44,11 @@ def train_file(name: str, content: str) -> Callable:
     return lambda tmp: f"data.train_path={write(tmp, name, content)}"
 
 
+def held_out_file(name: str, content: str) -> Callable:
+    """data.test_path (not named test_*: pytest would collect it)."""
+    return lambda tmp: f"data.test_path={write(tmp, name, content)}"
+
+
 @dataclass
 class Case:
     args: list  # after `maxout`; callables get tmp_path
@@ -73,6 +78,17 @@ CASES = {
     "unknown_adapter": Case(["model.adapter=qlora"], 2, ["model.adapter='qlora' (valid: none, lora, dora)"]),
     "validation_split_above_one": Case(["data.validation_split=1.5"], 2,
                                        ["data.validation_split=1.5 must be in (0, 1)"]),
+    "select_best_never_logged": Case(["train.select_best=eval/f2"], 2,
+                                     ["train.select_best='eval/f2' is not a metric evaluation logs",
+                                      "valid: eval/loss, eval/accuracy, eval/macro_f1, eval/<precision|recall|f1>/<label>"]),
+    "select_best_label_not_in_data": Case(["train.select_best=eval/f1/2"], 2,
+                                          ["train.select_best='eval/f1/2' names label '2', which evaluation never logs",
+                                           "valid: eval/f1/0, eval/f1/1"]),
+    "negative_patience": Case(["train.early_stopping.patience=-1"], 2,
+                              ["train.early_stopping.patience=-1 must be >= 0", "0: no early stopping"]),
+    "early_stopping_without_a_metric": Case(["train.early_stopping.patience=2", "train.select_best=last"], 2,
+                                            ["train.early_stopping.patience=2 watches train.select_best's metric",
+                                             "set train.select_best to a metric"]),
     "pretrained_without_a_path": Case(["model.source=pretrained", "model.name_or_path="], 2,
                                       ["has source=pretrained but neither", "set model.path=DIR"]),
     # non-finite numbers: OmegaConf reads inf and nan as floats; one walk over every numeric setting refuses them
@@ -102,6 +118,9 @@ CASES = {
                          ["data has a single label ['0']", "check data.label_column='label'"]),
     "malformed_jsonl": Case([*PAIR_DATA, train_file("t.jsonl", '{"post": "a", "criterion": "b", "label": 0}\n{oops\n')],
                             1, ["cannot read", "t.jsonl as jsonl"]),
+    "test_labels_outside_the_training_set": Case(
+        [held_out_file("test.csv", "post,criterion,label\na,b,0\nc,d,2\ne,f,maybe\n")], 1, ["test.csv: label(s) ['2', 'maybe'] (2 rows) are not in the training label set ['0', '1']",
+            "drop those rows or list every label in data.labels"]),
     "missing_pair_column": Case([*PAIR_DATA, train_file("t.csv", "post,label\na,0\nb,1\n")], 1,
                                 ["data.text_pair_column='criterion' is not a column of", "(columns: post, label)"]),
     # empty cells: a label '' would become a class of its own, an empty text the string 'nan' or 'None'

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from maxout import cli, loading
+from maxout.errors import ConfigError
 from maxout.hpo import study as hpo_study
 from maxout.train import Callback
 
@@ -19,13 +20,13 @@ from .services import free_port
 # 48 training / 32 validation rows of the demo task: 3 optimizer steps per epoch at batch 16.
 BASE = ["hardware=cpu", "model=tiny", "hpo=default", "train.log_every=1", "hpo.sampler.seed=7"]
 
-# The pruner settings that make pruning certain, whatever the (tiny, random) model scores: Hyperband with
-# min_resource=1, max_resource=3, reduction_factor=3 has two brackets. Bracket 0 decides at step 1, and with
+# The pruner settings that make pruning certain, whatever the (tiny, random) model scores: one report per epoch, and
+# Hyperband with min_resource=1, max_resource=3, reduction_factor=3 has two brackets. Bracket 0 decides at step 1, and with
 # bootstrap_count=1 the first trial to reach that rung is pruned (no competitor has finished it yet). Bracket 1
 # decides first at step 3, the last one, where maxout never prunes: its trials always complete. PatientPruner
 # is off, because it only asks Hyperband after a drop in the metric.
-FORCED = ["hpo.pruner.min_resource=1", "hpo.pruner.max_resource=3", "hpo.pruner.reduction_factor=3",
-          "hpo.pruner.bootstrap_count=1", "hpo.pruner.patience=null"]
+FORCED = ["hpo.report_every_epochs=1", "hpo.pruner.min_resource=1", "hpo.pruner.max_resource=3",
+          "hpo.pruner.reduction_factor=3", "hpo.pruner.bootstrap_count=1", "hpo.pruner.patience=null"]
 
 
 def bracket(study_name: str, number: int) -> int:
@@ -153,7 +154,7 @@ def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow
     assert all(len(evaluations(uri, c.info.run_id)) == 3 for c in complete)
     assert all(any(k.startswith("system/") for k in c.data.metrics) for c in complete)  # sampled on children
     assert "out of memory" in children[2].data.tags["maxout.hpo.reason"]
-    assert children[2].data.metrics["hpo/epochs_run"] == 0
+    assert children[2].data.metrics["hpo/epochs_run"] == pytest.approx(1 / 3)  # its first step of 3, then the error
 
     m = parent.data.metrics
     assert not any(k.startswith("system/") for k in m)  # ... and not on the parent: no double sampling
@@ -161,7 +162,7 @@ def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow
     assert m["hpo/trials_total"] == 4 and m["hpo/trials_failed"] == 0
     assert m["hpo/trials_pruned"] == 4 - len(complete) and m["hpo/trials_complete"] == len(complete)
     run_epochs = sum(c.data.metrics["hpo/epochs_run"] for c in children.values())
-    assert m["hpo/trial_epochs_run"] == run_epochs and m["hpo/trial_epochs_without_pruning"] == 12
+    assert m["hpo/trial_epochs_run"] == pytest.approx(run_epochs) and m["hpo/trial_epochs_without_pruning"] == 12
     assert m["hpo/compute_saved"] == pytest.approx(1 - run_epochs / 12)
     best_child = max(complete, key=lambda c: c.data.metrics["eval/macro_f1"])
     assert m["hpo/best_value"] == pytest.approx(best_child.data.metrics["eval/macro_f1"])
@@ -216,8 +217,8 @@ def test_kfold_trial_pruned_after_a_fold_shows_fewer_fold_metrics(mlflow_store, 
 
 
 def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
-    """The configured chain on a real in-memory study: a trial behind the leader but still improving is kept
-    while it improves; plain Hyperband prunes it at the first rung."""
+    """The conservative chain on a real in-memory study: a trial behind the leader but still improving is kept
+    while it improves; plain Hyperband (the default) prunes it at the first rung."""
     import optuna
 
     def steps_until_pruned(patience):
@@ -237,8 +238,10 @@ def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
                 return step
         return None
 
-    assert isinstance(hpo_study.build_pruner(loading.load(["hardware=cpu", "hpo=default"], device=cpu_device).hpo, 3),
-                      optuna.pruners.PatientPruner)
+    shipped = loading.load(["hardware=cpu", "hpo=default"], device=cpu_device).hpo  # Hyperband alone ...
+    assert isinstance(hpo_study.build_pruner(shipped, 3), optuna.pruners.HyperbandPruner)
+    conservative = loading.load(["hardware=cpu", "hpo=default", "hpo.pruner.patience=0"], device=cpu_device).hpo
+    assert isinstance(hpo_study.build_pruner(conservative, 3), optuna.pruners.PatientPruner)  # ... or patient
     assert steps_until_pruned("null") == 1
     assert steps_until_pruned(1) == 4
 
@@ -269,6 +272,9 @@ BAD = {
                                  "model.dropout=1.5 must be in [0, 1)"),
     "unreachable_storage": ([lambda s: [f"hpo.storage=postgresql+psycopg2://maxout:s3cret@127.0.0.1:{free_port()}/x"]],
                             1, "HPO storage unreachable at postgresql+psycopg2://maxout:***@127.0.0.1:"),
+    "report_every_zero_steps": (["hpo.report_every_steps=0"], 2,
+                                "hpo.report_every_steps=0 must be >= 1 (or null: report every "
+                                "hpo.report_every_epochs of an epoch)"),
     "registry_without_a_model": (["registry.name=hpo-best", "hpo.k_folds=3"], 2,
                                   "registry.name='hpo-best' needs the best trial's model: k-fold trials"),
     "study_with_another_direction": ([_existing_minimize_study], 2,
@@ -363,6 +369,112 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
         assert parents[str(a.pid)].info.status == "KILLED" and parents[str(b.pid)].info.status == "FINISHED"
         assert parents[str(b.pid)].data.metrics["hpo/trials_failed"] == 1
         assert dashboard_shows(optuna_url, "shared")
+
+
+@pytest.mark.slow
+def test_trials_report_within_epochs_and_the_parent_plots_every_trials_curve(mlflow_store, small_data, monkeypatch):
+    """Reports every half epoch: 3 steps per epoch, 2 epochs -> evaluations after steps 2, 3, 5 and 6, so 4 reports
+    per trial and a pruner whose resource (max_resource) is 4 reports. The trials share one warm start."""
+    from maxout.train import warm
+
+    made = []
+    real = warm.WarmStart.__init__
+    monkeypatch.setattr(warm.WarmStart, "__init__", lambda self: (real(self), made.append(self))[0])
+    result = hpo_study.run([*BASE, *small_data, *store_overrides(mlflow_store), "train.epochs=2", "hpo.n_trials=2",
+                            "hpo.report_every_epochs=0.5", "hpo.pruner.name=none", "hpo.log_models=none",
+                            "~hpo.search_space.train.target_effective_batch"])  # (a batch of 32: 2 steps an epoch)
+    runs = runs_in(mlflow_store["uri"])
+    parent = next(r for r in runs if r.info.run_id == result.parent_run_id)
+    assert parent.data.params["hpo.pruner.max_resource"] == "4" and parent.data.params["hpo.report_unit"] == "0.5 epochs"
+    for child in children_of(runs, result.parent_run_id):
+        assert evaluations(mlflow_store["uri"], child.info.run_id) == [2, 3, 5, 6]
+        assert child.data.metrics["hpo/evaluations"] == 4 and child.data.metrics["hpo/epochs_run"] == 2
+        assert child.data.params["cfg.checkpoint.enabled"] == "False"  # a trial is never resumed
+    import optuna
+
+    journal = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(
+        str(mlflow_store["dir"] / "optuna.journal")))
+    trials = optuna.load_study(study_name=result.study_name, storage=journal).get_trials()
+    assert [sorted(t.intermediate_values) for t in trials] == [[1, 2, 3, 4]] * 2
+    assert len(made) == 1 and made[0].hits == 2  # trial 1 reused trial 0's tokenized tables
+    plots = {a.path for a in mlflow.MlflowClient(mlflow_store["uri"]).list_artifacts(result.parent_run_id, "plots")}
+    assert "plots/intermediate_values.png" in plots
+
+
+def test_intermediate_values_plot_marks_where_pruned_trials_stopped(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    import optuna
+
+    from maxout.hpo.report import intermediate_values
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for number, (values, pruned) in enumerate([([0.5, 0.6, 0.7], False), ([0.3, 0.2], True), ([0.5, 0.8, 0.9], False)]):
+        trial = study.ask()
+        for step, value in enumerate(values, 1):
+            trial.report(value, step)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED) if pruned else study.tell(trial, max(values))
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    assert intermediate_values(study.get_trials(), "0.5 epochs", "maximize", tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
+    lines = figures[0].axes[0].get_lines()
+    crosses = [line for line in lines if line.get_marker() == "x" and len(line.get_xdata()) == 1]
+    assert [(line.get_xdata()[0], line.get_ydata()[0]) for line in crosses] == [(2, 0.2)]  # the pruned trial's end
+    labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert "best: trial 2" in labels and "complete (2)" in labels and labels[-1].startswith("pruned (1)")
+    assert not intermediate_values([], "0.5 epochs", "maximize", tmp_path / "none.png")
+
+
+def test_report_schedule_sets_the_trials_evaluations_and_the_pruners_resource(cpu_device):
+    from maxout.hpo.objective import trial_settings
+    from maxout.train.evaluate import evaluation_steps
+
+    def cfg(*extra):
+        return loading.load(["hardware=cpu", "model=tiny", "hpo=default", "train.epochs=3",
+                             "train.batch_size=16", *extra], device=cpu_device)
+
+    # 48 rows at batch 16: 3 steps per epoch, 9 in all.
+    assert sorted(evaluation_steps(3, 9, 0, 0.5)) == [2, 3, 5, 6, 8, 9]
+    assert hpo_study.max_resource(cfg("hpo.report_every_epochs=0.5"), 48) == 6
+    assert hpo_study.max_resource(cfg("hpo.report_every_epochs=1"), 48) == 3
+    assert hpo_study.max_resource(cfg("hpo.report_every_steps=2"), 48) == 5  # steps 2, 4, 6, 8 and the last, 9
+    assert hpo_study.max_resource(cfg("hpo.k_folds=4"), 48) == 4
+    assert hpo_study.max_resource(cfg("hpo.pruner.max_resource=7"), 48) == 7
+    assert hpo_study.max_resource(cfg("train.batch_size=auto", "train.target_effective_batch=null"), 48) is None
+    assert trial_settings(cfg("hpo.report_every_steps=2").hpo) == {
+        "checkpoint.enabled": False, "train.eval_interval": 2, "train.eval_every_epochs": 0.5}
+    assert trial_settings(cfg("hpo.k_folds=3").hpo) == {"checkpoint.enabled": False}
+    with pytest.raises(ConfigError, match="min_resource=7 is more than the 6 reports of a trial"):
+        hpo_study.build_pruner(cfg("hpo.pruner.min_resource=7").hpo, 6)
+
+
+def test_a_warm_trial_config_is_the_one_hydra_composes(cpu_device):
+    """hpo.warm_start sets the sampled values on the study's config instead of composing it again (~1 s a trial):
+    the same config, value for value."""
+    from maxout.config import to_dict
+    from maxout.hpo import search_space
+
+    base = ["hardware=cpu", "model=tiny", "hpo=default", "train.epochs=2",
+            "+hpo.search_space.hardware.precision={type:categorical,choices:[bf16,fp32]}"]
+    study_cfg = loading.load(base, device=cpu_device)
+    values = {"train.lr": 1.2345678901234e-05, "train.weight_decay": 0.0, "train.warmup_ratio": 0.1,
+              "train.target_effective_batch": 32, "model.dropout": 0.25, "hardware.precision": "fp32"}
+    composed = loading.load(base + search_space.overrides(values), device=cpu_device)
+    assert to_dict(search_space.apply(study_cfg, values)) == to_dict(composed)
+
+
+def test_warm_start_tokenizes_each_table_once(small_data, cpu_device):
+    from maxout.data import load
+    from maxout.train.warm import WarmStart
+
+    cfg = loading.load(["hardware=cpu", "model=tiny", *small_data], device=cpu_device)
+    dataset, warm = load(cfg.data), WarmStart()
+    tokenizer = warm.tokenizer(cfg.model)
+    assert warm.tokenizer(cfg.model) is tokenizer
+    first = warm.encode(tokenizer, dataset.train, 64)
+    assert warm.encode(tokenizer, dataset.train, 64) is first and warm.hits == 1
+    assert warm.encode(tokenizer, dataset.train, 32) is not first  # another max_length is another encoding
 
 
 def test_sampled_values_become_overrides_that_compose_the_trial_config(cpu_device):

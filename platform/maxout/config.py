@@ -32,8 +32,13 @@ ON_MISSING = ("error", "drop")  # a training / validation row with an empty text
 MODEL_SOURCES = ("package", "pretrained", "config")
 TRACKING_BACKENDS = ("mlflow", "none")
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-# What evaluation reports (train/evaluate.py returns these, in this order): the metrics a setting may name.
+# What evaluation reports (train/evaluate.py): the metrics a setting may name. Per class it also reports
+# eval/<score>/<label> for each PER_CLASS_SCORES score (train.select_best may name those too).
 EVAL_METRICS = ("eval/loss", "eval/accuracy", "eval/macro_f1")
+PER_CLASS_SCORES = ("precision", "recall", "f1")
+PER_CLASS_METRIC = re.compile(rf"^eval/({'|'.join(PER_CLASS_SCORES)})/(.+)$")
+SELECT_LAST = "last"  # train.select_best: the last evaluation's weights (no selection)
+KEEP_BEST_IN = ("auto", "memory", "disk")
 DIRECTIONS = ("maximize", "minimize")
 # Registered-model names end up in models:/NAME@alias URIs; NAME + LOCK_SUFFIX is the name's promotion lock.
 REGISTRY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
@@ -52,6 +57,11 @@ def _check(ok: bool, message: str) -> None:
         if found is None:
             raise ConfigError(message)
         found.append(ConfigError(message))
+
+
+def metric_direction(metric: str) -> str:
+    """Which way a metric improves: losses go down, scores up."""
+    return "minimize" if metric.endswith("loss") else "maximize"
 
 
 def _positive_int_or_auto(value: Any, key: str, allow_none: bool = False) -> None:
@@ -134,6 +144,7 @@ class DataConfig:
     validation_path: Optional[str] = None  # None: split validation_split off the training file
     validation_split: float = 0.2
     split_seed: int = 13
+    test_path: Optional[str] = None  # scored once at the end with the selected model (test/*); never selects
     format: str = "auto"  # auto (from the extension) | csv | jsonl | parquet
     text_column: str = "text"
     text_pair_column: Optional[str] = None  # second segment for pair tasks (NLI); None for single texts
@@ -161,6 +172,15 @@ class DataConfig:
 
 
 @dataclass
+class EarlyStoppingConfig:
+    """Stop when train.select_best's metric has not improved by more than ``min_delta`` for ``patience``
+    evaluations in a row (train/selection.py)."""
+
+    patience: int = 0  # 0: never stop early
+    min_delta: float = 0.0
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 3
     max_steps: int = -1  # > 0: stop after this many optimizer steps (wins over epochs)
@@ -171,7 +191,11 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # 0 disables clipping
     batch_size: Any = None  # per-device micro-batch; None: the hardware profile's batch_size
     target_effective_batch: Optional[int] = None  # None: = batch size (no accumulation)
-    eval_interval: int = 0  # optimizer steps between evaluations; 0: at each epoch end
+    eval_interval: int = 0  # optimizer steps between evaluations; 0: every eval_every_epochs
+    eval_every_epochs: float = 1.0  # with eval_interval 0: evaluate every this share of an epoch (0.25: 4 per epoch)
+    select_best: str = "eval/macro_f1"  # the logged model is the best evaluation's on this metric | last
+    keep_best_in: str = "auto"  # where the best weights wait: auto (memory when they fit) | memory | disk
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     log_every: int = 10  # optimizer steps between host syncs (loss read, metrics flushed)
     warmup_steps_excluded: int = 3  # steps left out of steady-state throughput (compile, allocator warm-up)
     seed: int = 42
@@ -189,6 +213,20 @@ class TrainConfig:
         _check(self.target_effective_batch is None or self.target_effective_batch > 0,
                f"train.target_effective_batch={self.target_effective_batch} must be > 0")
         _check(self.eval_interval >= 0, f"train.eval_interval={self.eval_interval} must be >= 0")
+        _check(self.eval_every_epochs > 0, f"train.eval_every_epochs={self.eval_every_epochs} must be > 0")
+        _check(self.select_best == SELECT_LAST or self.select_best in EVAL_METRICS
+               or bool(PER_CLASS_METRIC.match(str(self.select_best))),
+               f"train.select_best={self.select_best!r} is not a metric evaluation logs (valid: "
+               f"{', '.join(EVAL_METRICS)}, eval/<precision|recall|f1>/<label>, or {SELECT_LAST} for the last "
+               f"evaluation's weights)")
+        _check(self.keep_best_in in KEEP_BEST_IN, f"train.keep_best_in={one_of(self.keep_best_in, KEEP_BEST_IN)}")
+        stopping = self.early_stopping
+        _check(stopping.patience >= 0, f"train.early_stopping.patience={stopping.patience} must be >= 0 (the "
+                                       f"evaluations without improvement to allow; 0: no early stopping)")
+        _check(stopping.min_delta >= 0, f"train.early_stopping.min_delta={stopping.min_delta} must be >= 0")
+        _check(not (stopping.patience > 0 and self.select_best == SELECT_LAST),
+               f"train.early_stopping.patience={stopping.patience} watches train.select_best's metric, but "
+               f"train.select_best={SELECT_LAST}: set train.select_best to a metric, e.g. eval/macro_f1")
         _check(self.log_every >= 1, f"train.log_every={self.log_every} must be >= 1")
         _check(self.warmup_steps_excluded >= 0,
                f"train.warmup_steps_excluded={self.warmup_steps_excluded} must be >= 0")
@@ -289,14 +327,15 @@ class SamplerConfig:
 
 @dataclass
 class PrunerConfig:
-    """HyperbandPruner wrapped in PatientPruner. The resource is epochs (k_folds=1) or folds (k_folds>1)."""
+    """HyperbandPruner, optionally wrapped in PatientPruner. The resource is one report: hpo.report_every_steps
+    steps or hpo.report_every_epochs of an epoch (k_folds=1), or one fold (k_folds>1)."""
 
     name: str = "hyperband"  # hyperband | none (never prune: the baseline that pruning saves compute against)
     min_resource: int = 1
-    max_resource: Optional[int] = None  # None: train.epochs, or k_folds in k-fold mode
+    max_resource: Optional[int] = None  # None: the reports of a whole trial, or k_folds in k-fold mode
     reduction_factor: int = 3
     bootstrap_count: int = 0  # trials that must finish a rung before any is promoted past it
-    patience: Optional[int] = 0  # PatientPruner: steps without improvement before Hyperband is asked; None: off
+    patience: Optional[int] = None  # PatientPruner: reports without improvement before Hyperband is asked; None: off
     min_delta: float = 0.0  # PatientPruner: an improvement smaller than this does not count
 
     def validate(self) -> None:
@@ -330,6 +369,9 @@ class HpoConfig:
     grace_period_s: int = 120  # ... and a trial whose heartbeat is older than this is failed and retried
     max_retry: Optional[int] = 3  # retries of a trial whose worker died (None: unbounded)
     compile_cache_dir: Optional[str] = None  # TorchInductor's on-disk cache; None: beside the journal
+    report_every_steps: Optional[int] = None  # trials report (evaluate) every N optimizer steps; None: ...
+    report_every_epochs: float = 0.5  # ... every this share of an epoch; the pruner's resource is one report
+    warm_start: bool = True  # keep the config, tokenizer and tokenized tables in the worker between trials
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     search_space: dict = field(default_factory=dict)  # config key -> {type: float|int|categorical, ...}
@@ -350,6 +392,10 @@ class HpoConfig:
                f"{self.heartbeat_interval_s} (else live trials look dead)")
         _check(self.max_retry is None or self.max_retry >= 0, f"hpo.max_retry={self.max_retry} must be >= 0")
         _check(bool(self.search_space), "hpo.search_space is empty: name at least one hyper-parameter")
+        _check(self.report_every_steps is None or self.report_every_steps >= 1,
+               f"hpo.report_every_steps={self.report_every_steps} must be >= 1 (or null: report every "
+               f"hpo.report_every_epochs of an epoch)")
+        _check(self.report_every_epochs > 0, f"hpo.report_every_epochs={self.report_every_epochs} must be > 0")
         self.sampler.validate()  # _check collects: every bad value of both sub-sections is listed too
         self.pruner.validate()
 

@@ -36,7 +36,7 @@ def existing_file(path: str) -> Path:
                         f"data.validation_path at a .csv, .tsv, .jsonl or .parquet file")
     if not file.is_file():
         raise DataError(f"data file not found: {path} (resolved to {file}); check data.train_path / "
-                        f"data.validation_path")
+                        f"data.validation_path / data.test_path")
     return file
 
 
@@ -122,6 +122,7 @@ class Dataset:
     label_names: list[str]
     fingerprint: str  # content hash of the files + column choice, to tag models and cache results
     dropped: dict = field(default_factory=dict)  # data.on_missing=drop: {"train": n, "validation": n} rows left out
+    test: Optional[Table] = None  # data.test_path: scored once with the selected model, never used to select it
 
     @property
     def num_labels(self) -> int:
@@ -214,8 +215,30 @@ def load(cfg: DataConfig) -> Dataset:
         paths.append(cfg.validation_path)
     else:
         train, validation = stratified_split(train, cfg.validation_split, cfg.split_seed)
+    test = None
+    if cfg.test_path:
+        test = _test_table(cfg, label_ids, dropped_rows)
+        paths.append(cfg.test_path)
     return Dataset(train, validation, label_names, _fingerprint(paths, cfg),
-                   dropped_rows if cfg.on_missing == "drop" else {})
+                   dropped_rows if cfg.on_missing == "drop" else {}, test)
+
+
+def _test_table(cfg: DataConfig, label_ids: dict[str, int], dropped_rows: dict) -> Table:
+    """The test split: the model only predicts the training label set, so any other label is an error."""
+    df = read_table(cfg.test_path, cfg.format)
+    if df.empty:
+        raise DataError(f"data file {cfg.test_path} has no rows: the test set must not be empty (or unset "
+                        f"data.test_path)")
+    _columns(df, cfg, cfg.test_path)
+    df, dropped_rows["test"] = _without_empty_cells(df, cfg, cfg.test_path)
+    labels = df[cfg.label_column].map(_label_key)
+    unknown = sorted(set(labels) - set(label_ids))
+    if unknown:
+        rows = int(labels.isin(unknown).sum())
+        raise DataError(f"data.test_path={cfg.test_path}: label(s) {unknown[:5]} ({rows} rows) are not in the "
+                        f"training label set {list(label_ids)}; the model cannot predict them: drop those rows or "
+                        f"list every label in data.labels")
+    return _table(df, cfg, label_ids, cfg.test_path)
 
 
 def stratified_split(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:

@@ -3,6 +3,9 @@
 Throughput counters are host integers filled from the collate function; the clock is read only at points where
 the loop already syncs (log intervals), so measuring adds no device sync.
 
+Task metrics come from a confusion matrix counted on the device and read once (``confusion_matrix``, then
+``classification_scores`` on the host).
+
 MFU (model FLOPs utilization) = model FLOPs per real token x real tokens/s / device peak FLOP/s. The FLOPs are
 those of the model's matmuls, counted the way autograd runs them (``count_flops``):
 
@@ -30,6 +33,7 @@ Ground floor. May import: nothing (numbers in, numbers out; the caller passes th
 
 from __future__ import annotations
 
+import re
 import resource
 import threading
 import time
@@ -300,13 +304,44 @@ class UtilizationSampler:
                 "gpu/utilization_max": float(max(self.samples))}
 
 
-def classification_metrics(preds: torch.Tensor, labels: torch.Tensor, num_labels: int) -> dict[str, torch.Tensor]:
-    """Accuracy and macro-F1 as device tensors (the caller reads them in one sync)."""
-    accuracy = (preds == labels).float().mean()
+def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_labels: int) -> torch.Tensor:
+    """Counts on the device (rows: true label, columns: predicted), built without a host sync: every task metric
+    (accuracy, macro-F1, per-class precision / recall / F1) follows from it on the host once it is read."""
+    index = labels * num_labels + preds  # scatter_add_, not bincount: CUDA's bincount reads the max (a sync)
+    counts = torch.zeros(num_labels * num_labels, dtype=torch.long, device=preds.device)
+    return counts.scatter_add_(0, index, torch.ones_like(index)).view(num_labels, num_labels)
+
+
+def label_key(label: str) -> str:
+    """A label as it may appear in a metric name (MLflow allows letters, digits, ``_ - . : space``; a ``/`` would
+    nest the name)."""
+    return re.sub(r"[^\w.\- :]", "_", str(label)) or "_"
+
+
+def per_class_name(split: str, score: str, label: str) -> str:
+    """``eval/f1/<label>``: per-class precision, recall and F1 are named like this."""
+    return f"{split}/{score}/{label_key(label)}"
+
+
+def classification_scores(confusion: list[list[int]], label_names: list[str], split: str = "eval") -> dict[str, float]:
+    """Accuracy, macro-F1 and per-class precision / recall / F1 from a confusion matrix (host numbers).
+
+    A class with no true positive scores 0 (also when it is absent from both truth and predictions), so macro-F1
+    averages over every class of the label set: scikit-learn's ``zero_division=0`` with ``labels=`` all classes.
+    """
+    k = len(confusion)
+    total = sum(map(sum, confusion))
+    true_totals = [sum(confusion[c]) for c in range(k)]
+    predicted_totals = [sum(confusion[r][c] for r in range(k)) for c in range(k)]
+    out: dict[str, float] = {f"{split}/accuracy": sum(confusion[c][c] for c in range(k)) / total if total else 0.0}
     f1s = []
-    for c in range(num_labels):
-        tp = ((preds == c) & (labels == c)).sum().float()
-        fp = ((preds == c) & (labels != c)).sum().float()
-        fn = ((preds != c) & (labels == c)).sum().float()
-        f1s.append(torch.where(tp > 0, 2 * tp / (2 * tp + fp + fn), torch.zeros_like(tp)))
-    return {"accuracy": accuracy, "macro_f1": torch.stack(f1s).mean()}
+    for c, name in enumerate(label_names):
+        tp = confusion[c][c]
+        precision = tp / predicted_totals[c] if predicted_totals[c] else 0.0
+        recall = tp / true_totals[c] if true_totals[c] else 0.0
+        f1 = 2 * tp / (true_totals[c] + predicted_totals[c]) if tp else 0.0
+        f1s.append(f1)
+        out.update({per_class_name(split, "precision", name): precision, per_class_name(split, "recall", name): recall,
+                    per_class_name(split, "f1", name): f1})
+    out[f"{split}/macro_f1"] = sum(f1s) / k if k else 0.0
+    return out

@@ -1,9 +1,12 @@
 """One Optuna trial = one nested MLflow child run under the study's parent run.
 
-Sampled values become Hydra overrides on top of the user's -> ``loading.load`` -> ``train(cfg, tracker=child)``.
-The trial reports its metric after each epoch (k_folds=1; step = epochs done) or after each fold (k_folds>1;
-step = folds done, value = the running mean over the folds so far), and a pruned trial stops at once. With k
-folds each fold trains in its own run nested under the trial's run, which carries the per-fold and mean scores.
+Sampled values are set on the study's config (composed once; with hpo.warm_start=false they become Hydra
+overrides on top of the user's and each trial composes anew) -> ``train(cfg, tracker=child, warm=...)``. The
+trial reports its metric at each evaluation, every hpo.report_every_steps steps or hpo.report_every_epochs of an
+epoch (k_folds=1; step = reports so far), or after each fold (k_folds>1; step = folds done, value = the running
+mean over the folds so far), and a pruned trial stops at once. With k folds each fold trains in its own run
+nested under the trial's run, which carries the per-fold and mean scores. Trials write no checkpoints (a trial is
+never resumed), and a worker keeps the tokenizer and the tokenized tables between its trials (train/warm.py).
 
 The child run ends FINISHED for COMPLETE and PRUNED trials and FAILED for failed ones (KILLED on Ctrl-C /
 SIGTERM), tagged ``maxout.hpo.state``. Out of memory prunes the trial with the reason and the study goes on.
@@ -16,13 +19,12 @@ not counted as compute that pruning saved (the trial could not have gone on).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import socket
 import statistics
 import sys
 import warnings
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import optuna
 import torch
@@ -40,6 +42,7 @@ from ..tracking.tracker import Tracker, closing, start
 from ..train import Callback, TrainResult, TrainState, train
 from ..train.oom import free_cached
 from ..train.run import log_model
+from ..train.warm import WarmStart
 from . import search_space
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
@@ -73,18 +76,29 @@ def frozen(trial: optuna.Trial) -> optuna.trial.FrozenTrial:
 
 
 class TrialReporter(Callback):
-    """Counts the epochs a trial trains; with ``report_epochs`` reports the metric at each epoch end and stops
-    training at once (raises TrialPruned) when the pruner says so."""
+    """Reports the metric to Optuna at every evaluation of a trial (its evaluation schedule is the study's report
+    schedule, hpo.report_every_steps / hpo.report_every_epochs; step = reports so far) and stops training at once
+    (raises TrialPruned) when the pruner says so. Counts the epochs (fractional: a trial may stop mid-epoch) and
+    evaluations the trial ran, over all its train() calls (folds)."""
 
-    def __init__(self, trial: optuna.Trial, metric: str, tracker: Tracker, report_epochs: bool):
-        self.trial, self.metric, self.tracker, self.report_epochs = trial, metric, tracker, report_epochs
-        self.epochs = 0  # over all train() calls of this trial (folds)
-        self.epochs_per_run: Optional[int] = None  # what one train() call plans, known at its first epoch end
+    def __init__(self, trial: optuna.Trial, metric: str, tracker: Tracker, report: bool):
+        self.trial, self.metric, self.tracker, self.report = trial, metric, tracker, report
+        self.epochs_per_run: Optional[float] = None  # what one train() call plans, known when it starts
+        self.evaluations = 0
+        self._done_epochs = 0.0  # epochs of the finished train() calls
+        self._run_epochs = 0.0  # epochs of the current one
         self._compile_start = 0.0
-        self._run_epochs = 0
+        self._reports = 0
+
+    @property
+    def epochs(self) -> float:
+        return self._done_epochs + self._run_epochs
 
     def on_train_start(self, state: TrainState) -> None:
-        self._compile_start, self._cache_start, self._run_epochs = compile_seconds(), cache_counts(), 0
+        self._compile_start, self._cache_start, self._reports = compile_seconds(), cache_counts(), 0
+        self._done_epochs, self._run_epochs = self.epochs, 0.0
+        if self.epochs_per_run is None:  # max_steps may end training before train.epochs
+            self.epochs_per_run = state.total_steps / state.steps_per_epoch
 
     def compile_metrics(self) -> dict[str, float]:
         """This run's FX-graph cache hits and misses (whether the shared compile cache paid off)."""
@@ -94,34 +108,60 @@ class TrialReporter(Callback):
     def on_train_end(self, state: TrainState) -> None:
         self.tracker.log_metrics(self.compile_metrics(), step=state.step)
 
-    def on_epoch_end(self, state: TrainState) -> None:
-        self.epochs += 1
-        self._run_epochs += 1
-        if self.epochs_per_run is None:  # max_steps may end training before train.epochs
-            self.epochs_per_run = math.ceil(state.total_steps / max(state.step, 1))
-        if not self.report_epochs:
+    def on_step_end(self, state: TrainState) -> None:
+        self._run_epochs = state.step / state.steps_per_epoch
+
+    def on_evaluate(self, state: TrainState, metrics: dict) -> None:
+        self._run_epochs = state.step / state.steps_per_epoch
+        self.evaluations += 1
+        if not self.report:
             return
-        value = state.eval_metrics[self.metric]
-        self.trial.report(value, step=self._run_epochs)
+        self._reports += 1
+        value = metrics[self.metric]
+        self.trial.report(value, step=self._reports)
         if state.step < state.total_steps and self.trial.should_prune():  # at the end, pruning saves nothing
             # train() logs compile time only when it completes; a pruned trial carries it too.
             self.tracker.log_metrics({"time/compile_s": compile_seconds() - self._compile_start,
                                       **self.compile_metrics()}, step=state.step)
-            raise optuna.TrialPruned(f"pruned at epoch {self._run_epochs}: {self.metric}={value:.4f}")
+            raise optuna.TrialPruned(f"pruned at report {self._reports} (epoch {self._run_epochs:.2f}): "
+                                     f"{self.metric}={value:.4f}")
+
+
+def trial_settings(hpo: HpoConfig) -> dict[str, Any]:
+    """What every trial's config gets on top of the user's: its evaluation schedule is the study's report schedule
+    (k-fold trials report per fold and keep theirs), and no checkpoints (a trial is never resumed: a lost trial
+    is re-run from its start)."""
+    settings: dict[str, Any] = {"checkpoint.enabled": False}
+    if hpo.k_folds == 1:
+        settings["train.eval_interval"] = hpo.report_every_steps or 0
+        settings["train.eval_every_epochs"] = hpo.report_every_epochs
+    return settings
 
 
 class Objective:
     def __init__(self, overrides: Sequence[str], specs: list, hpo: HpoConfig, dataset: Dataset,
                  folds: Optional[list[Dataset]], device: DeviceInfo, parent_run_id: Optional[str],
-                 retried_by_heartbeat: bool, callbacks: Sequence[Callback] = (), progress: bool = False):
+                 retried_by_heartbeat: bool, callbacks: Sequence[Callback] = (), progress: bool = False,
+                 base: Optional[Config] = None):
         self.overrides, self.specs, self.hpo = list(overrides), specs, hpo
         self.dataset, self.folds, self.device = dataset, folds, device
         self.parent_run_id, self.retried_by_heartbeat = parent_run_id, retried_by_heartbeat
         self.callbacks, self.progress = list(callbacks), progress
+        # Warm start (hpo.warm_start): the study's config with the trial settings, composed once; the tokenizer
+        # and the tokenized tables, kept for every trial of this worker.
+        self.base = search_space.apply(base, trial_settings(hpo)) if base is not None and hpo.warm_start else None
+        self.warm = WarmStart() if hpo.warm_start else None
+
+    def trial_config(self, values: dict[str, Any]) -> Config:
+        """The study's config with the sampled values set; without warm start, composed anew by Hydra."""
+        if self.base is not None:
+            return search_space.apply(self.base, values)
+        settings = search_space.overrides(trial_settings(self.hpo))
+        return loading.load(self.overrides + settings + search_space.overrides(values), device=self.device)
 
     def __call__(self, trial: optuna.Trial) -> float:
         values = search_space.suggest(trial, self.specs)
-        cfg = loading.load(self.overrides + search_space.overrides(values), device=self.device)
+        cfg = self.trial_config(values)
         retry_of = None
         if self.retried_by_heartbeat:  # only heartbeat storages re-queue; frozen() reads every trial of the study
             with warnings.catch_warnings():
@@ -133,7 +173,7 @@ class Objective:
                 "maxout.data": cfg.data.name, **({"maxout.hpo.retry_of": retry_of} if retry_of is not None else {})}
         child = start(cfg.tracking, run_name=f"trial-{trial.number}", tags=tags, nested=True,
                                system_metrics=cfg.tracking.system_metrics)  # the parent samples none
-        reporter = TrialReporter(trial, self.hpo.metric, child, report_epochs=self.folds is None)
+        reporter = TrialReporter(trial, self.hpo.metric, child, report=self.folds is None)
         state, status, reason, fail_in_storage, diverged = "FAIL", "FAILED", "", False, False
         try:
             trial.set_user_attr("worker", WORKER)
@@ -175,17 +215,19 @@ class Objective:
                 planned = reporter.epochs
             trial.set_user_attr("epochs_run", reporter.epochs)
             trial.set_user_attr("epochs_planned", planned)
-            child.log_metrics({"hpo/epochs_run": reporter.epochs, "hpo/epochs_planned": planned})
+            trial.set_user_attr("evaluations", reporter.evaluations)
+            child.log_metrics({"hpo/epochs_run": reporter.epochs, "hpo/epochs_planned": planned,
+                               "hpo/evaluations": reporter.evaluations})
             child.set_tags({"maxout.hpo.state": state, **({"maxout.hpo.reason": reason} if reason else {})})
             child.close(status, reason=reason if status != "FINISHED" else "")
             if fail_in_storage:
                 trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            print(f"maxout: trial {trial.number} {state} after {reporter.epochs}/{planned} epochs"
+            print(f"maxout: trial {trial.number} {state} after {reporter.epochs:.2f}/{planned:g} epochs"
                   + (f" ({reason})" if reason else ""), file=sys.stderr)
 
     def _train(self, cfg: Config, tracker: Tracker, reporter: TrialReporter, dataset: Dataset) -> TrainResult:
         return train(cfg, tracker=tracker, callbacks=[reporter, *self.callbacks], progress=self.progress,
-                     device=self.device, verbose=False, dataset=dataset)
+                     device=self.device, verbose=False, dataset=dataset, warm=self.warm)
 
     def _single(self, trial: optuna.Trial, cfg: Config, child: Tracker, reporter: TrialReporter) -> float:
         wanted, every = cfg.tracking.log_model, self.hpo.log_models == "all"  # tracking.log_model=false wins

@@ -1,6 +1,7 @@
 """What the study's parent run gets at the end of an invocation: counts, the compute pruning saved, the best
-trial, a trials table and Optuna's plots (matplotlib, Agg). It describes the whole study in the storage, so with
-several workers each parent shows the study as that worker left it."""
+trial, a trials table, Optuna's plots (matplotlib, Agg) and maxout's own plot of every trial's intermediate values
+with the pruned trials marked where they stopped. It describes the whole study in the storage, so with several
+workers each parent shows the study as that worker left it."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from optuna.trial import TrialState
 
 from ..errors import first_line
 from ..tracking.tracker import Tracker
+from ..train.reports import pyplot
 
-PLOTS = ("optimization_history", "param_importances", "intermediate_values")
+PLOTS = ("optimization_history", "param_importances")  # Optuna's; intermediate_values is drawn below
 
 
 @dataclass
@@ -39,10 +41,12 @@ def counts(trials: list) -> dict[str, float]:
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     run = sum(t.user_attrs.get("epochs_run", 0) for t in finished)
     planned = sum(t.user_attrs.get("epochs_planned", 0) for t in finished)
+    evaluations = sum(t.user_attrs.get("evaluations", 0) for t in finished)
     return {"hpo/trials_total": float(sum(n.values())), "hpo/trials_complete": float(n[TrialState.COMPLETE]),
             "hpo/trials_pruned": float(n[TrialState.PRUNED]), "hpo/trials_failed": float(n[TrialState.FAIL]),
             "hpo/trial_epochs_run": float(run), "hpo/trial_epochs_without_pruning": float(planned),
-            "hpo/compute_saved": 1.0 - run / planned if planned else 0.0}
+            "hpo/compute_saved": 1.0 - run / planned if planned else 0.0,
+            "hpo/trial_evaluations": float(evaluations)}
 
 
 def best_trial(study: Any, metric: str, direction: str) -> Optional[BestTrial]:
@@ -54,15 +58,48 @@ def best_trial(study: Any, metric: str, direction: str) -> Optional[BestTrial]:
                      best.user_attrs.get("mlflow_run_id"), best.user_attrs.get("model_uri"))
 
 
-def plots(study: Any, out: Path) -> dict[str, str]:
+def intermediate_values(trials: list, unit: str, direction: str, path: Path) -> bool:
+    """Each trial's reported values against its reports (x: reports of ``unit``): complete trials as lines, the
+    best one highlighted, pruned ones dashed and grey with a cross where they stopped. False: nothing to draw."""
+    plt = pyplot()
+    drawn = [t for t in trials if t.intermediate_values and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    if not drawn:
+        return False
+    complete = [t for t in drawn if t.state == TrialState.COMPLETE]
+    pick = max if direction == "maximize" else min
+    best = pick(complete, key=lambda t: t.value).number if complete else None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for t in sorted(drawn, key=lambda t: (t.state == TrialState.COMPLETE, t.number == best)):
+        steps = sorted(t.intermediate_values)
+        values = [t.intermediate_values[k] for k in steps]
+        if t.state == TrialState.PRUNED:
+            ax.plot(steps, values, "--", color="0.65", linewidth=0.9)
+            ax.plot(steps[-1], values[-1], "x", color="tab:red", markersize=6)
+        elif t.number == best:
+            ax.plot(steps, values, "-", color="tab:blue", linewidth=2.2, label=f"best: trial {t.number}")
+        else:
+            ax.plot(steps, values, "-", color="tab:green", linewidth=1, alpha=0.7)
+    ax.plot([], [], "-", color="tab:green", label=f"complete ({len(complete)})")
+    ax.plot([], [], "--x", color="0.65", markeredgecolor="tab:red", label=f"pruned ({len(drawn) - len(complete)}), "
+                                                                             f"x: where it stopped")
+    ax.set_xlabel(f"report (one every {unit})")
+    ax.set_ylabel("intermediate value")
+    ax.set_title(f"Intermediate values of {len(drawn)} trials")
+    ax.legend(loc="best", fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def plots(study: Any, out: Path, unit: str = "report") -> dict[str, str]:
     """Write the plots that can be drawn; returns {plot: why it was skipped} for the others."""
-    import matplotlib  # lazy: 0.6 s to import, and only this end-of-study report draws
+    from optuna.visualization import matplotlib as vis  # lazy: imports matplotlib (0.6 s); only this report draws
 
-    matplotlib.use("Agg")  # headless (workers have no display); chosen before pyplot is imported
-    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
-    from optuna.visualization import matplotlib as vis
-
+    plt = pyplot()
     skipped: dict[str, str] = {}
+    trials = study.get_trials(deepcopy=False)
+    if not intermediate_values(trials, unit, study.direction.name.lower(), out / "intermediate_values.png"):
+        skipped["intermediate_values"] = "no trial reported an intermediate value"
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # "no completed trials" warnings: skipped.json says it
     for name in PLOTS:
@@ -79,7 +116,8 @@ def plots(study: Any, out: Path) -> dict[str, str]:
     return skipped
 
 
-def log(parent: Tracker, study: Any, metric: str, direction: str) -> tuple[Optional[BestTrial], dict[str, float]]:
+def log(parent: Tracker, study: Any, metric: str, direction: str,
+        unit: str = "report") -> tuple[Optional[BestTrial], dict[str, float]]:
     """Everything above onto the parent run; returns the best trial (None while no trial completed) and the
     counts."""
     trials = study.get_trials(deepcopy=False)
@@ -98,8 +136,8 @@ def log(parent: Tracker, study: Any, metric: str, direction: str) -> tuple[Optio
                                                   "datetime_start", "datetime_complete", "duration"))
             table.to_csv(out / "trials.csv", index=False)
             parent.log_artifact(str(out / "trials.csv"))
-            skipped = plots(study, out)
-            for name in PLOTS:
+            skipped = plots(study, out, unit)
+            for name in (*PLOTS, "intermediate_values"):
                 if (out / f"{name}.png").exists():
                     parent.log_artifact(str(out / f"{name}.png"), "plots")
             if skipped:

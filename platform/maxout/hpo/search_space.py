@@ -28,9 +28,9 @@ TYPES = ("float", "int", "categorical")
 SPEC_KEYS = {"type", "low", "high", "log", "step", "choices"}
 # Keys a trial must not change: the study's own settings, where runs go, and what the tables are (they are read
 # and split once per study, before the first trial).
-NOT_TUNABLE = ("hpo", "tracking", "data.train_path", "data.validation_path", "data.validation_split",
-               "data.split_seed", "data.format", "data.text_column", "data.text_pair_column", "data.label_column",
-               "data.labels")
+NOT_TUNABLE = ("hpo", "tracking", "data.train_path", "data.validation_path", "data.test_path",
+               "data.validation_split", "data.split_seed", "data.format", "data.text_column", "data.text_pair_column",
+               "data.label_column", "data.labels")
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,15 @@ def load(tree: Any, cfg: Config) -> list[ParamSpec]:
     specs = parse(tree)
     check(specs, cfg)
     return specs
+
+
+def apply(cfg: Config, values: dict[str, Any]) -> Config:
+    """``cfg`` with ``values`` set (dotted keys): the same typed, validated config as composing it again with
+    ``overrides(values)`` appended, without Hydra's ~0.9 s per composition (a trial's warm start)."""
+    node = OmegaConf.structured(cfg)
+    for key, value in values.items():
+        OmegaConf.update(node, key, value, merge=False)
+    return OmegaConf.to_object(node).validate()
 
 
 def suggest(trial: Any, specs: list[ParamSpec]) -> dict[str, Any]:

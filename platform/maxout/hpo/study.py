@@ -13,6 +13,8 @@ direction) is checked before the parent run starts, so bad input leaves no run b
 
 from __future__ import annotations
 
+import gc
+import math
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -30,14 +32,17 @@ from ..registry.client import client_for
 from ..tracking.params import config_params, flatten
 from ..tracking.redact import redact
 from ..tracking.tracker import closing, start
+from ..optimizations import accumulation
 from ..train import Callback, prepare
+from ..train.evaluate import evaluation_steps
+from ..train.setup import planned_steps
 from . import report, search_space, storage as storage_mod
 from .folds import kfold
 from .objective import WORKER, Objective
 from .report import BestTrial
 
 # Attributes that define what a study's values mean: a worker that disagrees must not join it.
-STUDY_ATTRS = ("metric", "k_folds")
+STUDY_ATTRS = ("metric", "k_folds", "report_every")
 
 
 @dataclass
@@ -92,22 +97,42 @@ def build_sampler(hpo: HpoConfig) -> Any:
     return optuna.samplers.TPESampler(seed=hpo.sampler.seed, n_startup_trials=hpo.sampler.n_startup_trials)
 
 
-def max_resource(hpo: HpoConfig, epochs: int) -> int:
-    """Hyperband's resource is what a trial reports after: epochs, or folds in k-fold mode."""
-    return hpo.pruner.max_resource or (hpo.k_folds if hpo.k_folds > 1 else epochs)
+def report_unit(hpo: HpoConfig) -> str:
+    """What one step of a trial's intermediate values (the pruner's resource) stands for."""
+    if hpo.k_folds > 1:
+        return "1 fold"
+    return f"{hpo.report_every_steps} steps" if hpo.report_every_steps else f"{hpo.report_every_epochs:g} epochs"
 
 
-def build_pruner(hpo: HpoConfig, epochs: int) -> Any:
-    """HyperbandPruner wrapped in PatientPruner (patience null: Hyperband alone; name none: never prune)."""
+def max_resource(cfg: Config, train_rows: int) -> Optional[int]:
+    """Hyperband's resource is what a trial reports after: the reports of a whole trial of the study's config
+    (k-fold: the folds); hpo.pruner.max_resource wins. None when the micro-batch is the batch finder's to pick
+    and no target effective batch fixes the steps per epoch (Optuna then takes the first complete trial's)."""
+    hpo = cfg.hpo
+    if hpo.pruner.max_resource or hpo.k_folds > 1:
+        return hpo.pruner.max_resource or hpo.k_folds
+    micro = cfg.batch_size if cfg.batch_size != "auto" else cfg.train.target_effective_batch
+    if micro is None:
+        return None
+    accum, _ = accumulation.plan(cfg.train.target_effective_batch, micro)
+    per_epoch, total = planned_steps(math.ceil(train_rows / micro), accum, cfg.train)
+    return len(evaluation_steps(per_epoch, total, hpo.report_every_steps or 0, hpo.report_every_epochs))
+
+
+def build_pruner(hpo: HpoConfig, top: Optional[int]) -> Any:
+    """HyperbandPruner over ``top`` reports (None: "auto"), wrapped in PatientPruner when hpo.pruner.patience is
+    set; name none: never prune."""
     p = hpo.pruner
     if p.name == "none":
         return optuna.pruners.NopPruner()
-    top = max_resource(hpo, epochs)
-    if p.min_resource > top:
-        unit = "hpo.k_folds" if hpo.k_folds > 1 else "train.epochs"
-        raise ConfigError(f"hpo.pruner.min_resource={p.min_resource} is more than the {top} "
-                          f"{unit.split('.')[1]} a trial runs ({unit}): no trial could ever be pruned")
-    hyperband = optuna.pruners.HyperbandPruner(min_resource=p.min_resource, max_resource=top,
+    if top is not None and p.min_resource > top:
+        raise ConfigError(f"hpo.pruner.min_resource={p.min_resource} is more than the {top} reports of a trial "
+                          f"(one every {report_unit(hpo)}): no trial could ever be pruned")
+    if top is None and p.bootstrap_count:
+        raise ConfigError(f"hpo.pruner.bootstrap_count={p.bootstrap_count} needs a known number of reports per "
+                          f"trial, and batch_size=auto without train.target_effective_batch leaves it open: set "
+                          f"hpo.pruner.max_resource")
+    hyperband = optuna.pruners.HyperbandPruner(min_resource=p.min_resource, max_resource=top or "auto",
                                                reduction_factor=p.reduction_factor,
                                                bootstrap_count=p.bootstrap_count)
     if p.patience is None:
@@ -120,7 +145,7 @@ def build_pruner(hpo: HpoConfig, epochs: int) -> Any:
 def open_study(hpo: HpoConfig, storage: Any, where: str, sampler: Any = None, pruner: Any = None) -> Any:
     """Create the study, or join it when it exists (another worker, an earlier invocation). Joining a study
     that optimizes in the other direction, or another metric or fold count, is an error."""
-    wanted = {"metric": hpo.metric, "k_folds": hpo.k_folds}
+    wanted = {"metric": hpo.metric, "k_folds": hpo.k_folds, "report_every": report_unit(hpo)}
     try:
         study_id = storage.get_study_id_from_name(hpo.study_name)
     except KeyError:
@@ -159,7 +184,14 @@ def optimize(study: Any, objective: Objective, hpo: HpoConfig) -> None:
                   f"hpo.study_name", file=sys.stderr)
             return
         callbacks.append(MaxTrialsCallback(hpo.n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-    study.optimize(objective, timeout=hpo.timeout_s, callbacks=callbacks, gc_after_trial=True)
+    # Everything alive now (libraries, the study's data) outlives every trial: frozen, the collection after each
+    # trial (which frees the last model's cycles) skips it (0.5 s a trial before).
+    gc.collect()
+    gc.freeze()
+    try:
+        study.optimize(objective, timeout=hpo.timeout_s, callbacks=callbacks, gc_after_trial=True)
+    finally:
+        gc.unfreeze()
 
 
 def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Optional[Any] = None,
@@ -176,7 +208,8 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
     dataset = prepare.check(cfg).dataset  # data files, columns, labels, model availability, the tracking store
     check_registry(cfg)
     folds = kfold(dataset, hpo.k_folds, hpo.fold_seed) if hpo.k_folds > 1 else None
-    pruner = build_pruner(hpo, cfg.train.epochs)
+    top = max_resource(cfg, len(dataset.train))
+    pruner = build_pruner(hpo, top)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # maxout prints one line per trial instead
     where = storage_mod.location(hpo, cfg.tracking)
     storage = storage_mod.open_storage(hpo, cfg.tracking)
@@ -192,17 +225,17 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
         params.update(flatten({k: v for k, v in tree["hpo"].items() if k != "search_space"}, "hpo"))
         params.update({f"hpo.search_space.{k}": v for k, v in search_space.describe(specs).items()})
         params.update({"hpo.storage": where, "hpo.compile_cache_dir": cache,
-                       "hpo.pruner.max_resource": max_resource(hpo, cfg.train.epochs)})
+                       "hpo.pruner.max_resource": top or "auto", "hpo.report_unit": report_unit(hpo)})
         parent.log_params(params)
         parent.log_dict(tree, "config.yaml")
         print(f"maxout: study {hpo.study_name!r} in {redact(where)}: {finished(study)} finished trials; "
               f"{len(specs)} hyper-parameters, k_folds={hpo.k_folds}", file=sys.stderr)
         objective = Objective(overrides, specs, hpo, dataset, folds, device, parent.run_id,
-                              storage_mod.heartbeats(storage), callbacks, progress)
+                              storage_mod.heartbeats(storage), callbacks, progress, base=cfg)
         try:
             optimize(study, objective, hpo)
         finally:  # the summary also lands on a study that stopped on a failed trial
-            best, summary = report.log(parent, study, hpo.metric, hpo.direction)
+            best, summary = report.log(parent, study, hpo.metric, hpo.direction, report_unit(hpo))
         if best is not None:
             on_best(cfg, best)
     return StudyResult(hpo.study_name, redact(where), parent.run_id, best, summary)

@@ -2,7 +2,10 @@
 
 - ``prepare.py``: the input checks that run before any run exists
 - ``setup.py``: builds the model, data loaders and optimizer, deciding and applying each optimization once
-- ``loop.py``, ``callbacks.py``, ``evaluate.py``: the loop, its five hook points, evaluation
+- ``loop.py``, ``callbacks.py``, ``evaluate.py``: the loop, its five hook points, evaluation (and when)
+- ``selection.py``: the best evaluation's weights (train.select_best) and early stopping; ``reports.py``: the
+  confusion matrix and classification report artifacts
+- ``warm.py``: what one process keeps between runs on the same data (HPO trials)
 - ``oom.py``: out-of-memory recovery; ``batch_finder.py`` and ``tensor_memory.py``: ``batch_size=auto``
 - ``checkpointing.py``, ``resume.py``: checkpoints, and ``resume=auto``
 - ``run.py``: ``train(cfg)``, the params and model it logs

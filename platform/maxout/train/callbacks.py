@@ -21,6 +21,9 @@ class TrainState:
     eval_metrics: dict = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # throughput, time, memory up to the checkpoint resumed from
     totals: Any = None  # fit()'s running figures (totals.Totals); a checkpoint saves them as ``measured``
+    eval_confusion: list = field(default_factory=list)  # the last evaluation's confusion matrix
+    steps_per_epoch: int = 0  # set by fit()
+    stop_reason: str = ""  # set by a callback (early stopping): the loop stops after this step
 
 
 class Callback:

@@ -22,7 +22,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 import numpy as np
 import torch
@@ -175,15 +175,18 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: dict) -> dict:
-    """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it)."""
+def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: dict,
+            extras: Optional[dict[str, Callable[[TrainState], Any]]] = None) -> dict:
+    """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it). ``extras``
+    adds what other callbacks need back on resume (model selection: the best so far), each under its key."""
     counters = {"step": state.step, "epoch": position[0], "batches_in_epoch": position[1],
                 "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
                 "eval_metrics": dict(state.eval_metrics), "first_step_s": state.first_step_s,
                 "measured": state.totals.so_far() if state.totals is not None else dict(state.measured)}
     return {"format": FORMAT, **meta, "state": counters, "model": setup.model.state_dict(),
             "optimizer": setup.optimizer.state_dict(), "scheduler": setup.scheduler.state_dict(),
-            "scaler": setup.precision.scaler.state_dict(), "rng": rng_states()}
+            "scaler": setup.precision.scaler.state_dict(), "rng": rng_states(),
+            **{key: get(state) for key, get in (extras or {}).items()}}
 
 
 def restore(setup: Setup, payload: dict) -> TrainState:
@@ -200,8 +203,10 @@ def restore(setup: Setup, payload: dict) -> TrainState:
 class Checkpointer(Callback):
     """Saves into ``directory`` every N steps and at each epoch end; keeps the last ``keep_last``."""
 
-    def __init__(self, setup: Setup, tracker: Tracker, cfg: CheckpointConfig, directory: Path, meta: dict):
+    def __init__(self, setup: Setup, tracker: Tracker, cfg: CheckpointConfig, directory: Path, meta: dict,
+                 extras: Optional[dict[str, Callable[[TrainState], Any]]] = None):
         self.setup, self.tracker, self.cfg, self.directory, self.meta = setup, tracker, cfg, directory, meta
+        self.extras = extras or {}
         self.batches_per_epoch = len(setup.train_loader)
 
     def on_step_end(self, state: TrainState) -> None:
@@ -220,7 +225,7 @@ class Checkpointer(Callback):
         self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
         path = self.directory / file_name(state.step)
         try:
-            save_atomic(capture(self.setup, state, position, self.meta), path)
+            save_atomic(capture(self.setup, state, position, self.meta, self.extras), path)
         except OSError as err:  # a full or read-only disk: the run is worth more than this one checkpoint
             log.warning("maxout: checkpoint %s not written to %s (%s); training goes on and the checkpoints "
                         "already there are kept: free space there or fix its permissions, or set checkpoint.dir",

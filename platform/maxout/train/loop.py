@@ -4,15 +4,17 @@
     for each epoch (from a restored state: the rest of its epoch, skipping the micro-batches it consumed):
         for each optimizer step (accum_steps micro-batches: forward, backward; then clip, step, zero_grad):
             every log_every steps:  read loss (the one host sync), log metrics, check divergence
-            every eval_interval steps:  check divergence, evaluate -> on_evaluate(state, metrics)
+            at each evaluation step (evaluate.evaluation_steps: every eval_interval steps or eval_every_epochs
+            of an epoch, and after the last step):  check divergence, evaluate -> on_evaluate(state, metrics)
             on_step_end(state)                # every step, after its logging: no host sync here
-        at epoch end (unless evaluated at this step already):  evaluate -> on_evaluate(state, metrics)
+            a callback set state.stop_reason (early stopping):  stop, without on_epoch_end
         on_epoch_end(state)
     on_train_end(state)
 
-A callback stops training by raising (e.g. optuna.TrialPruned); the caller decides what that means. A non-finite
-loss or gradient norm is recorded on the device each step and raises Diverged at the next sync point
-(divergence.py), so a diverged model is never evaluated, checkpointed or logged.
+A callback stops training at once by raising (e.g. optuna.TrialPruned; the caller decides what that means), or
+after this step by setting ``state.stop_reason`` (the run then ends normally).
+A non-finite loss or gradient norm is recorded on the device each step and raises Diverged at the next sync
+point (divergence.py), so a diverged model is never evaluated, checkpointed or logged.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..errors import first_line
 from ..optimizations import grad_clipping
 from ..tracking.tracker import Tracker
 from .callbacks import Callback, CallbackList, TrainState
-from .evaluate import evaluate
+from .evaluate import evaluate, evaluation_steps
 from .setup import Setup
 from .totals import Totals
 
@@ -96,6 +98,8 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     """Train from scratch, or from ``state`` restored from a checkpoint (model and optimizer restored too)."""
     tr, device = s.cfg.train, s.device.torch_device
     hooks, state = CallbackList(callbacks), state or TrainState(total_steps=s.total_steps)
+    state.steps_per_epoch = s.steps_per_epoch
+    eval_steps = evaluation_steps(s.steps_per_epoch, s.total_steps, tr.eval_interval, tr.eval_every_epochs)
     # A resumed run's figures go on from those saved with its checkpoint (totals.py): never only this segment's.
     state.totals = Totals(device, tr.warmup_steps_excluded, state.measured)
     meter = state.totals.meter
@@ -113,8 +117,11 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
 
     def run_eval() -> None:
         s.divergence.check(s, tracker)  # a diverged model is not worth scoring (evaluation syncs anyway)
-        meter.pause()  # evaluation is not training time
-        state.eval_metrics = evaluate(s)
+        meter.pause()  # evaluation is not training time (time/eval_s is)
+        started = time.perf_counter()
+        result = evaluate(s)
+        state.eval_metrics, state.eval_confusion = result.metrics, result.confusion
+        state.totals.eval_s += time.perf_counter() - started
         s.divergence.check_evaluation(state.eval_metrics, state.step, s, tracker)
         tracker.log_metrics(state.eval_metrics, step=state.step)
         hooks.on_evaluate(state, state.eval_metrics)
@@ -146,14 +153,14 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
                 bar.set_postfix(loss=f"{state.train_loss:.4f}",
                                 samples_s=f"{rates['perf/window_samples_per_s']:.1f}")
                 s.divergence.check(s, tracker)  # synced above already: reading the record costs nothing more
-            if tr.eval_interval and state.step % tr.eval_interval == 0:
+            if state.step in eval_steps:
                 run_eval()
             hooks.on_step_end(state)  # after the step's logging: a checkpoint here resumes without a gap
-            if state.step >= s.total_steps:
+            if state.step >= s.total_steps or state.stop_reason:
                 break
+        if state.stop_reason:  # stopped early, maybe mid-epoch: the epoch did not end
+            break
         done = state.step >= s.total_steps
-        if not tr.eval_interval or (done and state.step % tr.eval_interval):
-            run_eval()  # at each epoch end, or after the last step when evaluating every N steps
         hooks.on_epoch_end(state)
         state.batches_in_epoch = 0
         if done:
@@ -161,7 +168,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
 
     bar.close()
     s.divergence.check(s, tracker)
-    results = state.totals.summary()  # throughput, wall and compile time, peak memory: every segment's
+    results = state.totals.summary()  # throughput, wall, compile and evaluation time, peak memory: every segment's
     if gpu:
         results.update(gpu.stop())
     results.update(state.eval_metrics)

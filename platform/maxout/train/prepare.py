@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .. import data, modeling
-from ..config import Config
+from ..config import PER_CLASS_METRIC, Config
 from ..errors import ConfigError, MaxoutError, collect, combined
+from ..metrics import label_key
 from ..paths import check_writable
 from . import resume as resume_mod
 from .setup import resolve_micro_batch
@@ -29,24 +30,26 @@ class Checked:
     resume: Optional[resume_mod.Plan]
 
 
-def check(cfg: Config, dataset: Any = None) -> Checked:
-    """Every input problem of ``cfg`` at once, as one error; ``dataset`` replaces loading ``cfg.data``."""
+def check(cfg: Config, dataset: Any = None, tokenizer: Any = None) -> Checked:
+    """Every input problem of ``cfg`` at once, as one error; ``dataset`` and ``tokenizer`` replace loading
+    ``cfg.data`` and the model's tokenizer (a warm start passes both)."""
     problems: list[MaxoutError] = []
-    checked = add_problems(cfg, problems, dataset)
+    checked = add_problems(cfg, problems, dataset, tokenizer)
     if problems:
         raise combined(problems)
     return checked
 
 
-def add_problems(cfg: Config, problems: list, dataset: Any = None) -> Checked:
+def add_problems(cfg: Config, problems: list, dataset: Any = None, tokenizer: Any = None) -> Checked:
     """Append every input problem of ``cfg`` to ``problems`` (a section that is itself invalid is not looked
     into: checks that build on it would only add noise)."""
     if dataset is None and _valid(cfg.data):
-        paths = [p for p in (cfg.data.train_path, cfg.data.validation_path) if p]
+        paths = [p for p in (cfg.data.train_path, cfg.data.validation_path, cfg.data.test_path) if p]
         if all([collect(problems, data.existing_file, p) for p in paths]):  # a list: report each missing file
             dataset = collect(problems, data.load, cfg.data)
-    tokenizer = None
-    if _valid(cfg.model):
+    if dataset is not None and _valid(cfg.train):
+        collect(problems, check_selection_metric, cfg, dataset.label_names)
+    if tokenizer is None and _valid(cfg.model):
         if cfg.model.source == "config" or collect(problems, modeling.weights_location, cfg.model):
             tokenizer = collect(problems, modeling.load_tokenizer, cfg.model)
             if _valid(cfg.data):  # against the model's position embeddings (its config.json, no weights)
@@ -61,6 +64,18 @@ def add_problems(cfg: Config, problems: list, dataset: Any = None) -> Checked:
         collect(problems, check_writable, resume_mod.checkpoint_root(cfg), "checkpoint.dir")
     plan = None if problems else collect(problems, resume_mod.plan, cfg, dataset)  # reads data and checkpoints
     return Checked(dataset, tokenizer, plan)
+
+
+def check_selection_metric(cfg: Config, label_names: list[str]) -> None:
+    """A per-class train.select_best must name a label of the data (config.py checked its form)."""
+    found = PER_CLASS_METRIC.match(cfg.train.select_best)
+    if not found:
+        return
+    keys = [label_key(name) for name in label_names]
+    if found.group(2) not in keys:
+        valid = ", ".join(f"eval/{found.group(1)}/{k}" for k in keys)
+        raise ConfigError(f"train.select_best={cfg.train.select_best!r} names label {found.group(2)!r}, which "
+                          f"evaluation never logs: the labels are {list(map(str, label_names))} (valid: {valid})")
 
 
 def _valid(section: Any) -> bool:

@@ -25,7 +25,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..config import Config, to_dict
 from ..errors import ConfigError, DataError, MaxoutError
@@ -85,13 +85,15 @@ class Plan:
             return None
         return checkpointing.restore(setup, self.payload)
 
-    def checkpointer(self, setup: Setup, tracker: Tracker) -> list[Callback]:
+    def checkpointer(self, setup: Setup, tracker: Tracker,
+                     extras: Optional[dict[str, Callable[[TrainState], Any]]] = None) -> list[Callback]:
+        """The Checkpointer callback (none with checkpoint.enabled=false); ``extras`` as in checkpointing.capture."""
         if not self.cfg.checkpoint.enabled:
             return []
         directory = self.directory(tracker.run_id)
         meta = {"run_id": self.run_id, "run_key": self.run_key, "data_fingerprint": setup.dataset.fingerprint,
                 "micro_batch": setup.micro_batch, "accum_steps": setup.accum_steps}
-        return [checkpointing.Checkpointer(setup, tracker, self.cfg.checkpoint, directory, meta)]
+        return [checkpointing.Checkpointer(setup, tracker, self.cfg.checkpoint, directory, meta, extras)]
 
     def model_not_stored(self, err: MaxoutError, total_steps: int) -> MaxoutError:
         """``err`` (the model upload failed after training) plus where the trained weights are, and how to finish

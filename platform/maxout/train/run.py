@@ -5,6 +5,10 @@ the checkpoint to resume) is checked by prepare.py before the tracking run start
 run behind; after it starts, any failure ends the run as FAILED (or KILLED on Ctrl-C / SIGTERM) with the
 reason as a tag. Checkpoints are saved as it trains (checkpointing.py); ``resume=auto`` continues the same MLflow
 run from the last one (resume.py).
+
+The model it keeps is the best evaluation's (selection.py, ``train.select_best``); its final ``eval/*`` metrics,
+confusion matrix and classification report describe that model, and so does ``test/*`` when ``data.test_path`` is
+set: the test split is scored once, at the end, and never chooses anything.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import platform
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Optional, Sequence
@@ -26,10 +31,13 @@ from ..optimizations import accumulation, lora
 from ..serving import inference
 from ..tracking.params import config_params, device_params
 from ..tracking.tracker import Tracker, closing, start
-from . import batch_finder, prepare
+from . import batch_finder, prepare, reports
 from .callbacks import Callback
+from .evaluate import Evaluation, evaluate
 from .loop import fit
-from .setup import Setup, build
+from .selection import ModelSelection, Selected
+from .setup import Setup, build, split_loader
+from .warm import WarmStart
 
 
 @dataclass
@@ -96,14 +104,66 @@ def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
         return tracker.log_model(tmp, example)
 
 
+def selection_metrics(selected: Selected, selection: ModelSelection, steps_per_epoch: int,
+                      total_steps: int) -> dict[str, float]:
+    """best/step, best/epoch, best/<metric> (when a metric selects), and what early stopping saved."""
+    out = {"best/step": float(selected.step), "best/epoch": selected.epoch,
+           "train/epochs_saved": (total_steps - selection.last_step) / steps_per_epoch,
+           "train/steps_saved": float(total_steps - selection.last_step)}
+    if selection.select:
+        out[f"best/{selection.metric}"] = selection.value
+    return out
+
+
+def score_test_split(setup: Setup, warm: Optional[WarmStart]) -> Optional[Evaluation]:
+    """The test split, scored once by the selected model (its loader is built only now)."""
+    if setup.dataset.test is None:
+        return None
+    loader = split_loader(setup, setup.dataset.test, warm.encode if warm else data_mod.encode)
+    return evaluate(setup, loader, split="test")
+
+
+def evaluate_now(setup: Setup, selection: ModelSelection) -> Selected:
+    """A run resumed after its last step from a checkpoint without a selection record: its model, scored now."""
+    now = evaluate(setup)
+    selection.last_step = setup.total_steps
+    return Selected(setup.total_steps, setup.total_steps / setup.steps_per_epoch, now.metrics, now.confusion)
+
+
+def log_outcome(setup: Setup, tracker: Tracker, results: dict, selection: ModelSelection, selected: Selected,
+                warm: Optional[WarmStart]) -> None:
+    """The end of a run: the final metrics (at the last step), why it stopped, the selected evaluation's confusion
+    matrix and report, and the test split scored by the selected model (into ``results`` too)."""
+    last = selection.last_step
+    # fit logged the last evaluation at the last step already: once is enough in the history. When an earlier
+    # evaluation was better, its values are logged again at the last step: the latest eval/* are the model's.
+    again = selected.step != last
+    if again:  # MLflow keeps, per step, the value of the latest millisecond (on a tie, the largest value)
+        time.sleep(0.002)
+    tracker.log_metrics({k: v for k, v in results.items() if again or not k.startswith("eval/")}, step=last)
+    tracker.set_tags({"maxout.stop_reason": selection.stop_reason or f"completed: {last} of {setup.total_steps} "
+                                                                      f"steps"})
+    results["eval/majority_baseline"] = majority_baseline(setup.dataset.validation.labels)
+    tracker.log_metrics({"eval/majority_baseline": results["eval/majority_baseline"]}, step=last)
+    labels = setup.dataset.label_names
+    reports.log(tracker, "eval", selected.evaluation(), labels, selected.step)
+    tested = score_test_split(setup, warm)
+    if tested is not None:
+        results.update(tested.metrics)
+        tracker.log_metrics(tested.metrics, step=last)
+        reports.log(tracker, "test", tested, labels, selected.step)
+
+
 def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Callback] = (), progress: bool = True,
           device: Optional[hardware.DeviceInfo] = None, verbose: bool = True,
-          dataset: Optional[data_mod.Dataset] = None) -> TrainResult:
+          dataset: Optional[data_mod.Dataset] = None, warm: Optional[WarmStart] = None) -> TrainResult:
     """Fine-tune per ``cfg``. With ``tracker=None`` a run is started and closed here; a tracker passed in (HPO's
     nested child run) is logged to but left open for its owner to close. ``dataset`` replaces loading
-    ``cfg.data`` (k-fold passes each fold's split)."""
+    ``cfg.data`` (k-fold passes each fold's split); ``warm`` keeps the tokenizer and tokenized tables between
+    runs of one process (HPO trials)."""
     device = device or hardware.detect()
-    checked = prepare.check(cfg, dataset)  # every input problem at once, before a run exists
+    tokenizer = warm.tokenizer(cfg.model) if warm else None
+    checked = prepare.check(cfg, dataset, tokenizer)  # every input problem at once, before a run exists
     dataset, tokenizer, resuming = checked.dataset, checked.tokenizer, checked.resume
     micro_batch, finder_params = batch_finder.resolve(cfg, device, dataset, tokenizer, verbose=verbose)
     resuming.check_batch(micro_batch, accumulation.plan(cfg.train.target_effective_batch, micro_batch)[0])
@@ -116,7 +176,8 @@ def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Ca
                         run_id=resuming.run_id)
     guard = closing(tracker) if owned else _no_close(tracker)
     with guard:
-        setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch)
+        setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch,
+                      encode=warm.encode if warm else data_mod.encode)
         setup.oom.attach(tracker)  # out-of-memory recoveries are logged as they happen
         if verbose:
             print(startup_banner(setup), file=sys.stderr)
@@ -126,22 +187,30 @@ def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Ca
         tracker.log_dict({**device.to_dict(), "profile": cfg.hardware.name,
                           "profile_description": cfg.hardware.description}, "hardware.json")
         tracker.log_dict(library_versions(), "versions.json")
+        selection = ModelSelection(setup.model, cfg.train, resuming.directory(tracker.run_id))
+        tracker.set_tags({"maxout.best_state": selection.describe()})
         state = resuming.restore(setup)
         if state is not None:
+            selection.restore(resuming.payload)
             tracker.set_tags({"maxout.resumed_from_step": state.step})
             if verbose:
                 print(f"maxout: resuming from step {state.step} of {resuming.checkpoint}", file=sys.stderr)
-        results = fit(setup, tracker, [*callbacks, *resuming.checkpointer(setup, tracker)], progress, state)
+        saving = resuming.checkpointer(setup, tracker, {"selection": selection.checkpoint})
+        try:
+            results = fit(setup, tracker, [selection, *callbacks, *saving], progress, state)
+            selected = selection.finish()  # the model holds the selected evaluation's weights from here on
+        finally:
+            selection.close()
+        selected = selected or evaluate_now(setup, selection)
+        results.update({**selected.metrics, **setup.timings,
+                        **selection_metrics(selected, selection, setup.steps_per_epoch, setup.total_steps)})
         mean_len = results["train/real_tokens"] / max(results["train/samples"], 1)
         flops = m.flops_per_token(setup.model, setup.model_config, mean_len)
         peak = hardware.peak_flops(device, setup.decision("precision").effective, setup.decision("tf32").effective)
         results["perf/mfu"] = m.mfu(flops, results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]),
                                     peak)
         results["perf/flops_per_token"] = flops
-        # fit logged the last evaluation at the last step already: once is enough in the history
-        tracker.log_metrics({k: v for k, v in results.items() if not k.startswith("eval/")}, step=setup.total_steps)
-        results["eval/majority_baseline"] = majority_baseline(dataset.validation.labels)
-        tracker.log_metrics({"eval/majority_baseline": results["eval/majority_baseline"]}, step=setup.total_steps)
+        log_outcome(setup, tracker, results, selection, selected, warm)
         try:
             model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
         except MaxoutError as err:  # the server stayed away: say where the weights are and how to finish the run

@@ -7,6 +7,7 @@ honour is turned off silently.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -46,6 +47,7 @@ class Setup:
     clip_norm: float  # 0: no clipping
     decisions: list = field(default_factory=list)
     derived: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)  # time/model_load_s, time/tokenize_s: the set-up a trial pays
     oom: OOMRecovery = field(default_factory=OOMRecovery)  # halves the rows per forward on out-of-memory
     divergence: DivergenceWatch = field(default_factory=DivergenceWatch)  # the first non-finite step, on device
 
@@ -118,11 +120,14 @@ def build_collator(cfg: Config, device: DeviceInfo, tokenizer: Any) -> data_mod.
     return data_mod.Collator(tokenizer.pad_token_id, dc.max_length if dc.padding == "max_length" else None, multiple)
 
 
-def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-                  micro_batch: int) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
+Encode = Callable[[Any, data_mod.Table, int], data_mod.Encoded]  # data.encode, or a warm start's cache of it
+
+
+def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any, micro_batch: int,
+                  encode: Encode = data_mod.encode) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
     dc = cfg.data
-    train_enc = data_mod.encode(tokenizer, dataset.train, dc.max_length)
-    eval_enc = data_mod.encode(tokenizer, dataset.validation, dc.max_length)
+    train_enc = encode(tokenizer, dataset.train, dc.max_length)
+    eval_enc = encode(tokenizer, dataset.validation, dc.max_length)
     d_pad = Decision("padding", dc.padding, dc.padding)
     d_bucket = decide("bucketing", dc.bucketing, bucketing.supported(dc.padding))
     collate = build_collator(cfg, device, tokenizer)
@@ -130,11 +135,22 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
                               dc.bucket_batches)
     train_loader = dataloader.apply(train_enc, sampler, collate, settings)
-    # Evaluation: no gradients, so twice the batch fits; rows in length order pad least (order is irrelevant).
-    eval_order = sorted(range(len(eval_enc)), key=eval_enc.lengths.__getitem__)
-    eval_batches = [eval_order[i:i + 2 * micro_batch] for i in range(0, len(eval_order), 2 * micro_batch)]
-    eval_loader = dataloader.apply(eval_enc, eval_batches, collate, settings)
+    eval_loader = _eval_loader(eval_enc, micro_batch, collate, settings)
     return train_loader, eval_loader, sampler, d_loader + [d_bucket, d_pad]
+
+
+def _eval_loader(enc: data_mod.Encoded, micro_batch: int, collate: Any, settings: Any) -> Any:
+    # Evaluation: no gradients, so twice the batch fits; rows in length order pad least (order is irrelevant).
+    order = sorted(range(len(enc)), key=enc.lengths.__getitem__)
+    batches = [order[i:i + 2 * micro_batch] for i in range(0, len(order), 2 * micro_batch)]
+    return dataloader.apply(enc, batches, collate, settings)
+
+
+def split_loader(s: Setup, table: data_mod.Table, encode: Encode = data_mod.encode) -> Any:
+    """An evaluation loader for another split (the test set), built like the validation loader."""
+    settings, _ = dataloader.resolve(s.cfg.hardware, s.device)
+    return _eval_loader(encode(s.tokenizer, table, s.cfg.data.max_length), s.micro_batch,
+                        build_collator(s.cfg, s.device, s.tokenizer), settings)
 
 
 def build_optimizer(cfg: Config, device: DeviceInfo, model: torch.nn.Module, total_steps: int
@@ -161,12 +177,15 @@ def build_compile(cfg: Config, device: DeviceInfo, model: torch.nn.Module) -> tu
 
 
 def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-          micro_batch: Optional[int] = None) -> Setup:
+          micro_batch: Optional[int] = None, encode: Encode = data_mod.encode) -> Setup:
     micro_batch = micro_batch or resolve_micro_batch(cfg)
     decisions = backend_decisions(cfg, device)
     prec = named(decisions, "precision").effective
+    started = time.perf_counter()
     model_config, model, d_model = build_model(cfg, device, dataset, tokenizer, prec)
-    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch)
+    loaded = time.perf_counter()
+    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch, encode)
+    timings = {"time/model_load_s": loaded - started, "time/tokenize_s": time.perf_counter() - loaded}
     accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch)
     _, total = planned_steps(len(train_loader), accum_steps, cfg.train)
     optimizer, scheduler, d_optim = build_optimizer(cfg, device, model, total)
@@ -183,13 +202,14 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
                   eval_loader=eval_loader, sampler=sampler, micro_batch=micro_batch, accum_steps=accum_steps,
                   clip_norm=cfg.train.max_grad_norm if named(decisions, "grad_clipping").effective else 0.0,
-                  decisions=decisions)
+                  decisions=decisions, timings=timings)
     counts = modeling.count_parameters(model)
     setup.derived = {
         "micro_batch": micro_batch, "accumulation_steps": accum_steps, "effective_batch": micro_batch * accum_steps,
         "steps_per_epoch": setup.steps_per_epoch, "total_steps": setup.total_steps,
         "warmup_steps": int(cfg.train.warmup_ratio * setup.total_steps),
         "train_samples": len(dataset.train), "validation_samples": len(dataset.validation),
+        **({"test_samples": len(dataset.test)} if dataset.test is not None else {}),
         "num_labels": dataset.num_labels, "labels": ",".join(dataset.label_names),
         "data_fingerprint": dataset.fingerprint, "params_total": counts["total"],
         "params_trainable": counts["trainable"], "host_sync_every_steps": cfg.train.log_every,
