@@ -1,7 +1,8 @@
 """Batched inference on raw text with a saved model folder: label plus every class probability.
 
 The folder is what the trainer logs inside the MLflow model: a transformers ``save_pretrained`` model, its
-tokenizer, and ``maxout.json`` naming the text columns the model was trained on.
+tokenizer, and ``maxout.json`` naming the text columns the model was trained on and, when it was trained with
+per-sample pooling (pooling.py), the pooling, so it predicts exactly as it was trained.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from .pooling import PooledClassifier
+
 META_FILE = "maxout.json"
 
 
@@ -29,6 +32,7 @@ class ModelMeta:
     text_pair_column: Optional[str]
     label_names: list
     max_length: int
+    pooling: Optional[str] = None  # last / mean / first: pooling.PooledClassifier; None: the model's own head
 
     def input_columns(self) -> list[str]:
         return [self.text_column] + ([self.text_pair_column] if self.text_pair_column else [])
@@ -58,6 +62,8 @@ class Predictor:
         directory = Path(directory)
         meta = ModelMeta(**json.loads((directory / META_FILE).read_text()))
         model = AutoModelForSequenceClassification.from_pretrained(directory)
+        if meta.pooling:
+            model = PooledClassifier(model, meta.pooling)
         return cls(model, AutoTokenizer.from_pretrained(directory), meta, device)
 
     def check(self, frame: pd.DataFrame) -> None:

@@ -24,7 +24,7 @@ def evaluate(s: Setup) -> dict[str, float]:
     for batch in s.eval_loader:
         inputs = {k: batch[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in batch}
         with s.precision.autocast():
-            out = s.model(**inputs)
+            out = s.classifier(**inputs)
         loss_sum += out.loss.float() * inputs["labels"].numel()
         preds.append(out.logits.argmax(dim=-1))
         labels.append(inputs["labels"])

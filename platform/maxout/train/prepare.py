@@ -16,6 +16,7 @@ from .. import data, modeling
 from ..config import Config
 from ..errors import ConfigError, MaxoutError, collect, combined
 from ..paths import check_writable
+from ..serving import pooling
 from . import resume as resume_mod
 from .setup import resolve_micro_batch
 
@@ -49,6 +50,8 @@ def add_problems(cfg: Config, problems: list, dataset: Any = None) -> Checked:
     if _valid(cfg.model):
         if cfg.model.source == "config" or collect(problems, modeling.weights_location, cfg.model):
             tokenizer = collect(problems, modeling.load_tokenizer, cfg.model)
+        if tokenizer is not None:
+            collect(problems, check_model, cfg, tokenizer)
     if cfg.batch_size != "auto":  # auto: the batch finder probes once the run's device is known
         collect(problems, resolve_micro_batch, cfg)
     if cfg.tracking.backend == "mlflow" and _valid(cfg.tracking):
@@ -59,6 +62,12 @@ def add_problems(cfg: Config, problems: list, dataset: Any = None) -> Checked:
         collect(problems, check_writable, resume_mod.checkpoint_root(cfg), "checkpoint.dir")
     plan = None if problems else collect(problems, resume_mod.plan, cfg, dataset)  # reads data and checkpoints
     return Checked(dataset, tokenizer, plan)
+
+
+def check_model(cfg: Config, tokenizer: Any) -> None:
+    """The model's config takes the asked attention direction and pooling (config only: no weights are loaded)."""
+    config = modeling.build_config(cfg.model, ["0", "1"], len(tokenizer), tokenizer.pad_token_id)
+    pooling.check(modeling.model_class(config), config.model_type, cfg.model.pooling)
 
 
 def _valid(section: Any) -> bool:
