@@ -65,8 +65,10 @@ def predicts(store: dict, run, tmp_path) -> pd.DataFrame:
     return out
 
 
-def saved_config(run) -> dict:
-    return mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/model/artifacts/model/config.json")
+def logged_predictor(store: dict, run):
+    """The Predictor inside the logged pyfunc (the transformers model, or it with maxout's pooling)."""
+    mlflow.set_tracking_uri(store["uri"])
+    return mlflow.pyfunc.load_model(run.data.tags["maxout.model_uri"]).unwrap_python_model().predictor
 
 
 @pytest.mark.slow
@@ -75,7 +77,8 @@ def test_gemma_causal_with_last_pooling_trains_logs_and_predicts(mlflow_store, t
     params = run.data.params
     assert params["cfg.model.attention"] == "causal" and params["derived.pooling"] == "last"
     assert params["opt.adapter.effective"] == "lora" and "q_proj" in params["derived.lora_target_modules"]
-    assert saved_config(run)["use_bidirectional_attention"] is False
+    predictor = logged_predictor(mlflow_store, run)
+    assert predictor.meta.pooling == "last" and predictor.model.config.use_bidirectional_attention is False
     predicts(mlflow_store, run, tmp_path)
 
 
@@ -83,10 +86,10 @@ def test_gemma_causal_with_last_pooling_trains_logs_and_predicts(mlflow_store, t
 def test_gemma_bidirectional_with_mean_pooling_trains_logs_and_predicts(mlflow_store, tmp_path):
     run = train_and_log(mlflow_store, "model=tiny_gemma", "model.attention=bidirectional", "model.pooling=mean")
     assert run.data.params["derived.pooling"] == "mean"
-    config = saved_config(run)
-    assert config["use_bidirectional_attention"] is True and config["sliding_window"] == 32  # as configured
-    meta = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/model/artifacts/model/maxout.json")
-    assert meta["pooling"] == "mean"  # the logged model pools as it was trained
+    predictor = logged_predictor(mlflow_store, run)
+    assert predictor.model.pooling == "mean"  # the logged model pools as it was trained
+    config = predictor.model.config
+    assert config.use_bidirectional_attention is True and config.to_dict()["sliding_window"] == 32  # as configured
     predicts(mlflow_store, run, tmp_path)
 
 
@@ -98,15 +101,16 @@ def test_qwen3_with_dora_and_an_eos_only_tokenizer_trains_logs_and_predicts(mlfl
     assert params["opt.adapter.effective"] == "dora"
     assert set(params["derived.lora_target_modules"].split(" ")[0].split(",")) == {
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    assert saved_config(run)["pad_token_id"] == 102  # the eos ([SEP]) pads, and the config says so
+    predictor = logged_predictor(mlflow_store, run)  # the eos ([SEP]) pads, and the config says so
+    assert predictor.model.config.pad_token_id == 102 and predictor.tokenizer.pad_token == "[SEP]"
     predicts(mlflow_store, run, tmp_path)
 
 
 @pytest.mark.slow
 def test_modernbert_trains_logs_and_predicts(mlflow_store, tmp_path):
     run = train_and_log(mlflow_store, "model=tiny_modernbert")
-    assert run.data.params["opt.attention.effective"] == "sdpa" and "derived.pooling" not in run.data.params
-    assert saved_config(run)["model_type"] == "modernbert"
+    assert "derived.pooling" not in run.data.params  # its own head
+    assert logged_predictor(mlflow_store, run).model.config.model_type == "modernbert"
     predicts(mlflow_store, run, tmp_path)
 
 
@@ -150,11 +154,11 @@ def test_every_model_group_trains_offline_from_model_path(group, tmp_path, cpu_d
         tokenizer.pad_token, tokenizer.eos_token = None, "[SEP]"
     tokenizer.save_pretrained(tmp_path)
     cfg = loading.load([*TINY, f"model={group}", f"model.path={tmp_path}", "checkpoint.enabled=false",
-                        "train.max_steps=2"], device=cpu_device)
+                        "train.max_steps=2", "hardware.attn_implementation=sdpa"], device=cpu_device)
     tracker = NullTracker()
     result = train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False)
     assert result.metrics["train/samples"] == 32 and result.setup.model_config.model_type == config.model_type
-    if group == "gemma2_2b":  # Gemma 2 has no SDPA path: the attention decision says so
+    if group == "gemma2_2b":  # Gemma 2 has no SDPA path: the attention decision falls back and says why
         assert tracker.params["opt.attention.effective"] == "eager"
         assert "no SDPA attention" in tracker.params["opt.attention.reason"]
     if group == "llama3_2_1b":
