@@ -211,7 +211,10 @@ def _cpu_step_memory(setup: Setup, cfg: Config) -> float:
     eager = setup.classifier  # the model, or it with per-sample pooling (packed batches need that)
     setup.forward = fast_dropout.apply(eager) if setup.decision("fast_dropout").effective else eager
     probe = StepProbe(setup, target=cfg.train.target_effective_batch or setup.micro_batch, budget_bytes=None)
-    return (probe.peak_bytes(setup.micro_batch) or 0) / GIB
+    rows = setup.micro_batch
+    if setup.packed:  # a packed step holds up to the token budget: as many copies of the longest row as fit
+        rows = max(1, setup.sampler.max_tokens // probe.sequence_length)
+    return (probe.peak_bytes(rows) or 0) / GIB
 
 
 def speedups(row: Row, baseline: Row) -> list[float]:
