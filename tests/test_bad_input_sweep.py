@@ -49,6 +49,15 @@ def held_out_file(name: str, content: str) -> Callable:
     return lambda tmp: f"data.test_path={write(tmp, name, content)}"
 
 
+def tokenizer_without_pad_or_eos(tmp_path) -> str:
+    from maxout import loading, modeling
+
+    tokenizer = modeling.load_tokenizer(loading.load(["hardware=cpu", "model=tiny"]).model)
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    return str(tmp_path / "tokenizer")
+
+
 @dataclass
 class Case:
     args: list  # after `maxout`; callables get tmp_path
@@ -154,6 +163,15 @@ CASES = {
                                 "point it at a save_pretrained folder"]),
     "model_path_without_config": Case(["model=bert_base", lambda tmp: f"model.path={tmp}"], 1,
                                       ["has no config.json", "point it at a save_pretrained folder"]),
+    "decoder_bidirectional_without_a_switch": Case(["model=tiny_qwen3", "model.attention=bidirectional"], 2,
+                                                   ["model.attention=bidirectional: Qwen3Config (qwen3) has no switch",
+                                                    "use model.attention=causal or a Gemma 3 model"]),
+    "packed_without_a_token_budget": Case(["data.padding=packed", "train.batch_size=16"], 2,
+                                          ["data.padding=packed forms batches by a token budget, not by the batch "
+                                           "size", "set data.max_tokens_per_batch=N", "or data.max_tokens_per_batch=auto"]),
+    "tokenizer_without_pad_or_eos": Case([lambda tmp: f"model.tokenizer={tokenizer_without_pad_or_eos(tmp)}"], 2,
+                                         ["has neither a pad token nor an eos token",
+                                          "set model.tokenizer to a tokenizer that has one"]),
     "tokenizer_path_missing": Case(["model.tokenizer=/nonexistent/tokenizer"], 1,
                                    ["cannot load the tokenizer for model 'tiny' from /nonexistent/tokenizer",
                                     "set model.tokenizer to a tokenizer directory, 'bundled' or 'package'"]),

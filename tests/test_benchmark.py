@@ -112,6 +112,7 @@ def test_gpu_axes_are_asked_for_by_name_and_skip_what_the_device_cannot_honour(c
 
 def test_the_default_grid_is_every_value_of_every_axis():
     grid = grid_mod.parse_grid(None)
+    assert "padding" not in grid  # opt-in: it overlaps bucketing
     assert grid["precision"] == ("fp32", "fp16", "bf16") and len(grid_mod.cells(grid)) == 3 * 2 ** 5
     assert grid_mod.cells(grid)[0].name == ("precision=fp32 compile=off gradient_checkpointing=off bucketing=off "
                                             "fused_adamw=off fast_dropout=off")
@@ -119,7 +120,9 @@ def test_the_default_grid_is_every_value_of_every_axis():
 
 @pytest.mark.parametrize("grid,message", [
     ("precison=fp32", "unknown grid key 'precison' (valid: precision, compile, gradient_checkpointing, bucketing, "
-                      "fused_adamw, fast_dropout, tf32, compile_mode, attention)"),
+                      "fused_adamw, fast_dropout, tf32, compile_mode, attention, padding)"),
+    ("padding=packed bucketing=on", "grid keys 'padding' and 'bucketing' both set data.bucketing: name one of them"),
+    ("padding=unpadded", "grid padding='unpadded' is invalid (valid: dynamic, bucketed, packed)"),
     ("precision=fp8", "grid precision='fp8' is invalid (valid: fp32, fp16, bf16)"),
     ("compile=maybe", "grid compile='maybe' is invalid (valid: on, off, true, false)"),
     ("compile", "grid entry 'compile' is malformed: write axis=value1,value2"),
@@ -148,3 +151,29 @@ def test_a_failing_cell_is_recorded_and_the_others_still_run(cpu_device, tmp_pat
     assert (failed.status, failed.reason) == ("failed", "RuntimeError: kernel exploded")
     markdown = report.markdown()
     assert "| fused_adamw=on | – |" in markdown and "failed: RuntimeError: kernel exploded" in markdown
+
+
+def test_the_padding_axis_sets_padding_bucketing_and_a_token_budget(cpu_device):
+    from maxout import loading
+
+    cfg = loading.load(BASE, device=cpu_device)
+    dynamic, bucketed, packed = grid_mod.cells(grid_mod.parse_grid("padding=dynamic,bucketed,packed"))
+    assert (dynamic.apply(cfg).data.padding, dynamic.apply(cfg).data.bucketing) == ("dynamic", False)
+    assert (bucketed.apply(cfg).data.padding, bucketed.apply(cfg).data.bucketing) == ("dynamic", True)
+    assert (packed.apply(cfg).data.padding, packed.apply(cfg).data.max_tokens_per_batch) == ("packed", "auto")
+    assert benchmark.skip_reason(packed, cpu_device, cfg) == ""  # BERT keeps packed rows apart
+    cfg.model.architecture = {"model_type": "deberta-v2", "hidden_size": 32, "num_hidden_layers": 2,
+                              "num_attention_heads": 2, "intermediate_size": 64}
+    assert benchmark.skip_reason(packed, cpu_device, cfg).startswith("padding packed: model type 'deberta-v2'")
+
+
+@pytest.mark.slow
+def test_padding_comparison_reports_padding_efficiency_of_each_cell(cpu_device, tmp_path):
+    report = benchmark.padding_comparison([*BASE, "tracking=none"], steps=5, out_dir=str(tmp_path),
+                                          device=cpu_device, progress=False)
+    table = report.table.set_index("cell")
+    assert list(table.index) == ["padding=dynamic", "padding=bucketed", "padding=packed"]
+    assert (table["status"] == "ok").all()
+    efficiency = table["padding efficiency"]
+    assert efficiency["padding=packed"] == 1.0 and efficiency["padding=dynamic"] < efficiency["padding=bucketed"] < 1
+    assert "| padding=packed |" in report.markdown() and "100.0%" in report.markdown()

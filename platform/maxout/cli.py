@@ -320,7 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(p)
     p.add_argument("--grid", default=None, metavar="SPEC",
                    help='axes and values, e.g. "precision=fp32,bf16 compile=off,on" (default: every value of '
-                        f'{", ".join(AXES)})')
+                        f'{", ".join(a for a, axis in AXES.items() if axis.in_default)}; also: '
+                        f'{", ".join(a for a, axis in AXES.items() if not axis.in_default)}, e.g. '
+                        '"padding=dynamic,bucketed,packed")')
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per cell (default: one epoch, which measures length bucketing fairly)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the grid; medians are reported")

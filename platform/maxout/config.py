@@ -26,7 +26,9 @@ from .errors import ConfigError, combined, one_of
 from .optimizations import ADAPTERS, ATTENTION, COMPILE_MODES, PRECISIONS
 
 SCHEDULES = ("linear", "cosine", "constant")
-PADDING = ("dynamic", "max_length")
+PADDING = ("dynamic", "max_length", "packed")
+POOLINGS = ("last", "mean", "first")  # serving/pooling.py pools each sample's hidden states this way
+ATTENTION_DIRECTIONS = ("causal", "bidirectional")  # model.attention; modeling.py applies it
 FORMATS = ("auto", "csv", "jsonl", "parquet")
 ON_MISSING = ("error", "drop")  # a training / validation row with an empty text, pair or label cell
 MODEL_SOURCES = ("package", "pretrained", "config")
@@ -116,7 +118,10 @@ class ModelConfig:
     name_or_path: str = ""  # hub id (looked up in the local HF cache only) or a directory
     path: Optional[str] = None  # explicit local directory; wins over name_or_path
     tokenizer: Optional[str] = None  # source=config: 'bundled' (BERT uncased, in maxout) | 'package' (MiniLM's) | a dir
-    architecture: dict = field(default_factory=dict)  # for source=config: BertConfig fields
+    architecture: dict = field(default_factory=dict)  # for source=config: the config's fields; model_type picks
+    # the architecture (default bert): e.g. {model_type: gemma3_text, hidden_size: 32, ...}
+    pooling: Optional[str] = None  # null: the model's own head | last | mean | first (per sample, serving/pooling.py)
+    attention: Optional[str] = None  # null: the architecture's own | causal | bidirectional (Gemma 3's switch)
     dropout: Optional[float] = None  # overrides hidden/attention dropout when set
     freeze_encoder: bool = False
     adapter: str = "none"  # none | lora | dora (peft)
@@ -131,6 +136,10 @@ class ModelConfig:
         _check(self.dropout is None or 0.0 <= self.dropout < 1.0,
                f"model.dropout={self.dropout!r} must be in [0, 1)")
         _check(self.lora_r > 0, f"model.lora_r={self.lora_r} must be > 0")
+        _check(self.pooling is None or self.pooling in POOLINGS,
+               f"model.pooling={one_of(self.pooling, POOLINGS)} or null (the model's own head)")
+        _check(self.attention is None or self.attention in ATTENTION_DIRECTIONS,
+               f"model.attention={one_of(self.attention, ATTENTION_DIRECTIONS)} or null (the architecture's own)")
         if self.source == "pretrained":
             _check(bool(self.name_or_path or self.path),
                    f"model '{self.name}' has source=pretrained but neither model.name_or_path nor model.path; "
@@ -151,7 +160,10 @@ class DataConfig:
     label_column: str = "label"
     labels: Optional[list] = None  # the label set, in order; None: sorted distinct training labels
     max_length: int = 256
-    padding: str = "dynamic"  # dynamic: pad each batch to its longest row | max_length: always max_length
+    padding: str = "dynamic"  # dynamic: pad each batch to its longest row | max_length: always max_length |
+    # packed: no padding, each micro-batch one flattened sequence of whole rows (optimizations/packing.py)
+    max_tokens_per_batch: Any = None  # packed: the token budget per micro-batch (int, or auto = micro-batch x mean
+    # training row length); required with padding=packed
     bucketing: bool = True  # group rows of similar length into batches (needs dynamic padding)
     bucket_batches: int = 50  # batches sorted together per bucket: bigger pads less, smaller is more random
     pad_to_multiple_of: Any = "auto"  # auto: 8 on CUDA (tensor-core friendly shapes), none on CPU
@@ -166,6 +178,15 @@ class DataConfig:
                f"data.validation_split={self.validation_split} must be in (0, 1)")
         _check(8 <= self.max_length <= 8192, f"data.max_length={self.max_length} must be in [8, 8192]")
         _check(self.bucket_batches >= 1, f"data.bucket_batches={self.bucket_batches} must be >= 1")
+        budget = self.max_tokens_per_batch
+        _check(budget in (None, "auto") or (isinstance(budget, int) and not isinstance(budget, bool)
+                                            and budget >= self.max_length),
+               f"data.max_tokens_per_batch={budget!r} is invalid: use an integer >= data.max_length="
+               f"{self.max_length} (one row must fit), 'auto' or null")
+        _check(self.padding != "packed" or budget is not None,
+               "data.padding=packed forms batches by a token budget, not by the batch size: set "
+               "data.max_tokens_per_batch=N (tokens per micro-batch) or data.max_tokens_per_batch=auto (the "
+               "micro-batch x the mean training row length)")
         _check(self.pad_to_multiple_of in ("auto", None) or (isinstance(self.pad_to_multiple_of, int)
                                                              and self.pad_to_multiple_of > 0),
                f"data.pad_to_multiple_of={self.pad_to_multiple_of!r}: use a positive integer, null or 'auto'")

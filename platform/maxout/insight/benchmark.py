@@ -29,13 +29,13 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 import torch
 
-from .. import hardware, loading
+from .. import hardware, loading, modeling
 from ..config import Config
 from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
-from ..optimizations import bucketing, compile as compile_opt, fast_dropout, fused_adamw, precision as precision_opt
-from ..optimizations import tf32
+from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, packing
+from ..optimizations import precision as precision_opt, tf32
 from ..tracking.params import device_params
 from ..tracking.tracker import closing, start
 from ..train import prepare, train
@@ -45,7 +45,7 @@ from ..train.setup import Setup
 from ..train.tensor_memory import GIB
 from .grid import Cell, cells, parse_grid, show
 
-def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config) -> str:
+def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = None) -> str:
     """Why the device cannot honour ``cell`` (empty: it can), from the optimizations' own checks. (A model class
     without an SDPA path is found when the cell's run builds the model: its row then says so.)"""
     asked = dict(cell.values)
@@ -72,7 +72,30 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config) -> str:
             ok, reason = checks[axis]()
             if not ok:
                 return f"{axis}: {reason}"
+        if axis == "padding" and value == "packed":
+            ok, reason = packing_support(cfg, device, asked.get("precision", cfg.hardware.precision), tokenizer)
+            if not ok:
+                return f"padding packed: {reason}"
     return ""
+
+
+def packing_support(cfg: Config, device: DeviceInfo, precision: str, tokenizer: Any = None) -> tuple[bool, str]:
+    """packing.supported() for the configured model and the attention it would get (its config only, no weights)."""
+    tokenizer = tokenizer or modeling.load_tokenizer(cfg.model)
+    config = modeling.build_config(cfg.model, ["0", "1"], len(tokenizer), tokenizer.pad_token_id)
+    precision = precision_opt.resolve(precision, device).effective
+    attn = attention.resolve(cfg.hardware.attn_implementation, modeling.model_class(config), device, precision)
+    return packing.supported(config.model_type, attn.effective)
+
+
+def padding_comparison(overrides: Sequence[str] = (), steps: Optional[int] = None, repeats: int = 1,
+                       out_dir: Optional[str] = None, device: Optional[DeviceInfo] = None,
+                       progress: bool = True) -> Report:
+    """Padded (random batches), length-bucketed and packed batches of one model, in one run: padding efficiency
+    and samples/s of each (``maxout benchmark --grid "padding=dynamic,bucketed,packed"``). E.g. for the GPU report:
+    ``padding_comparison(["hardware=h100", "model=bert_base", "model.path=..."], steps=50, repeats=2)``."""
+    return run(overrides, grid_spec="padding=dynamic,bucketed,packed", steps=steps, repeats=repeats,
+               out_dir=out_dir, device=device, progress=progress)
 
 
 @dataclass
@@ -117,13 +140,14 @@ def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: O
     if steps is not None and steps <= base.train.warmup_steps_excluded:
         raise ConfigError(f"benchmark steps={steps} leaves no steady state after train.warmup_steps_excluded="
                           f"{base.train.warmup_steps_excluded}: use more steps")
+    checked = prepare.check(base)  # data, model and tracking store, before the parent run exists
     rows = []
     for cell in cells(grid):
-        why = skip_reason(cell, device, base)
+        why = skip_reason(cell, device, base, checked.tokenizer)
         rows.append(Row(cell, "skipped", why) if why else Row(cell))
     runnable = [r for r in rows if r.status == "ok"]
     configs = {r.cell: r.cell.apply(base) for r in runnable}
-    dataset = prepare.check(base).dataset  # data, model and tracking store, before the parent run exists
+    dataset = checked.dataset
     memory_source = "CUDA peak allocated" if device.is_cuda else "CPU peak tensor bytes of the worst step (eager)"
     out = Path(out_dir or tempfile.mkdtemp(prefix="maxout-benchmark-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -194,9 +218,13 @@ def _fresh_process_state(cfg: Config, device: DeviceInfo) -> None:
 
 def _cpu_step_memory(setup: Setup, cfg: Config) -> float:
     # Count eager tensors (a compiled graph allocates outside the dispatcher); fast dropout's masks are its own.
-    setup.forward = fast_dropout.apply(setup.model) if setup.decision("fast_dropout").effective else setup.model
+    eager = setup.classifier  # the model, or it with per-sample pooling (packed batches need that)
+    setup.forward = fast_dropout.apply(eager) if setup.decision("fast_dropout").effective else eager
     probe = StepProbe(setup, target=cfg.train.target_effective_batch or setup.micro_batch, budget_bytes=None)
-    return (probe.peak_bytes(setup.micro_batch) or 0) / GIB
+    rows = setup.micro_batch
+    if setup.packed:  # a packed step holds up to the token budget: as many copies of the longest row as fit
+        rows = max(1, setup.sampler.max_tokens // probe.sequence_length)
+    return (probe.peak_bytes(rows) or 0) / GIB
 
 
 def speedups(row: Row, baseline: Row) -> list[float]:
@@ -220,6 +248,7 @@ def comparison(rows: Sequence[Row], baseline: Optional[Row]) -> Any:
             "cell": row.cell.name, **{a: show(v) for a, v in row.cell.values}, "status": row.status,
             "steady samples/s": row.median("perf/steady_samples_per_s"),
             "steady tokens/s": row.median("perf/steady_tokens_per_s"),
+            "padding efficiency": row.median("perf/padding_efficiency"),
             "speed-up": statistics.median(ratios) if ratios else None,
             "speed-up min": min(ratios) if ratios else None, "speed-up max": max(ratios) if ratios else None,
             "peak memory GiB": mem, "memory ratio": mem / base_mem if mem and base_mem else None,
@@ -245,14 +274,15 @@ def write(table: Any, baseline: Optional[Row], memory_source: str, device: Devic
 
 def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: DeviceInfo, steps: Optional[int],
              repeats: int) -> str:
-    head = ["Cell", "Samples/s", "Tokens/s", "Speed-up", "Per round", "Peak memory (GiB)", "Memory ratio", "MFU",
-            "GPU util %", "Compile (s)", "Note"]
+    head = ["Cell", "Samples/s", "Tokens/s", "Real tokens", "Speed-up", "Per round", "Peak memory (GiB)",
+            "Memory ratio", "MFU", "GPU util %", "Compile (s)", "Note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table.to_dict("records"):
         note = r["reason"] or ("baseline" if baseline and r["cell"] == baseline.cell.name else "")
         if r["status"] != "ok":
             note = f"{r['status']}: {note}"
         values = [r["cell"], _fmt(r["steady samples/s"], ".1f"), _fmt(r["steady tokens/s"], ".0f"),
+                  _fmt(r["padding efficiency"], ".1%"),
                   _fmt(r["speed-up"], ".2f", "x"),
                   _span(r["speed-up min"], r["speed-up max"]) if repeats > 1 else "–",
                   _fmt(r["peak memory GiB"], ".3f"),
@@ -262,7 +292,8 @@ def markdown(table: Any, baseline: Optional[Row], memory_source: str, device: De
     window = f"{steps} optimizer steps" if steps else "one epoch"
     caption = (f"Device: {device.name} ({device.kind}); {window} per cell, steady state (warm-up excluded); "
                f"medians of {repeats} interleaved round(s), speed-up = median of the per-round ratios (their range: "
-               f"per round); memory: {memory_source}; ratios vs the baseline cell "
+               f"per round); real tokens = padding efficiency (real / processed tokens); memory: {memory_source}; "
+               f"ratios vs the baseline cell "
                f"({baseline.cell.name if baseline else 'none: no cell ran'}).")
     return caption + "\n\n" + "\n".join(lines) + "\n"
 

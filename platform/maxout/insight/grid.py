@@ -24,7 +24,11 @@ BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off"
 class Axis:
     key: str  # the config key the axis sets
     values: tuple  # every valid value, baseline first
+    settings: Optional[dict] = None  # value -> {config key: value}, for an axis that sets several keys
     in_default: bool = True  # part of the default grid (every value of every such axis)
+
+    def assignments(self, value: Any) -> dict:
+        return self.settings[value] if self.settings else {self.key: value}
 
 
 AXES: dict[str, Axis] = {
@@ -40,12 +44,19 @@ AXES: dict[str, Axis] = {
     "compile_mode": Axis("hardware.compile_mode", ("default", "reduce-overhead", "max-autotune",
                                                    "max-autotune-no-cudagraphs"), in_default=False),
     "attention": Axis("hardware.attn_implementation", ("eager", "sdpa", "flash_attention_2"), in_default=False),
+    # How rows become batches: padded to the batch's longest row (random or length-bucketed batches), or packed
+    # without padding by a token budget (data.max_tokens_per_batch, auto when unset). It sets data.bucketing too,
+    # so it is not in the default grid, and a grid names either it or bucketing.
+    "padding": Axis("data.padding", ("dynamic", "bucketed", "packed"), settings={
+        "dynamic": {"data.padding": "dynamic", "data.bucketing": False},
+        "bucketed": {"data.padding": "dynamic", "data.bucketing": True},
+        "packed": {"data.padding": "packed", "data.bucketing": False}}, in_default=False),
 }
 
 
 def parse_grid(spec: Optional[str]) -> dict[str, tuple]:
     """``"precision=fp32,bf16 compile=off,on"`` -> {"precision": ("fp32", "bf16"), "compile": (False, True)}.
-    None or empty: every value of every default axis."""
+    None or empty: every value of every axis in the default grid."""
     if not spec or not spec.strip():
         return {name: axis.values for name, axis in AXES.items() if axis.in_default}
     grid: dict[str, tuple] = {}
@@ -59,6 +70,9 @@ def parse_grid(spec: Optional[str]) -> dict[str, tuple]:
         if name in grid:
             raise ConfigError(f"grid key {name!r} is given twice: list all its values once, e.g. {name}=a,b")
         grid[name] = tuple(_value(name, v) for v in raw.split(",") if v)
+    if "padding" in grid and "bucketing" in grid:
+        raise ConfigError("grid keys 'padding' and 'bucketing' both set data.bucketing: name one of them "
+                          "(padding=dynamic,bucketed,packed covers bucketing=off,on)")
     return grid
 
 
@@ -86,8 +100,11 @@ class Cell:
         ``hardware.precision=bf16 ...`` (cheaper than composing Hydra once per cell)."""
         cfg = copy.deepcopy(base)
         for axis, value in self.values:
-            section, key = AXES[axis].key.split(".")
-            setattr(getattr(cfg, section), key, value)
+            for dotted, setting in AXES[axis].assignments(value).items():
+                section, key = dotted.split(".")
+                setattr(getattr(cfg, section), key, setting)
+        if cfg.data.padding == "packed" and cfg.data.max_tokens_per_batch is None:
+            cfg.data.max_tokens_per_batch = "auto"  # the micro-batch's samples on average: equal work per step
         return cfg.validate()
 
 

@@ -22,9 +22,17 @@ DEFAULT_BUCKET_BATCHES = 50
 
 
 def supported(padding: str) -> tuple[bool, str]:
+    if padding == "packed":
+        return False, "data.padding=packed: rows are packed by a token budget, there is no padding to save"
     if padding != "dynamic":
         return False, "data.padding=max_length pads every row to the same length: bucketing cannot save anything"
     return True, ""
+
+
+def epoch_order(rows: int, seed: int, epoch: int) -> tuple[list[int], torch.Generator]:
+    """The epoch's random row order and the generator that drew it (a pure function of seed and epoch)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(rows, generator=generator).tolist(), generator
 
 
 class EpochBatchSampler(torch.utils.data.Sampler):
@@ -45,8 +53,7 @@ class EpochBatchSampler(torch.utils.data.Sampler):
         self.epoch, self.skip = epoch, skip_batches
 
     def batches(self) -> list[list[int]]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        order, generator = epoch_order(len(self.lengths), self.seed, self.epoch)
         if not self.bucketing:
             return [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         span = self.bucket_batches * self.batch_size
@@ -67,6 +74,10 @@ class EpochBatchSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return -(-len(self.lengths) // self.batch_size)
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        """Batches in ``epoch`` (the same in every epoch here; a token budget's count varies)."""
+        return len(self)
 
 
 def apply(lengths: list[int], batch_size: int, seed: int, enabled: bool = True,

@@ -1,7 +1,8 @@
 """Batched inference on raw text with a saved model folder: label plus every class probability.
 
 The folder is what the trainer logs inside the MLflow model: a transformers ``save_pretrained`` model, its
-tokenizer, and ``maxout.json`` naming the text columns the model was trained on.
+tokenizer, and ``maxout.json`` naming the text columns the model was trained on and, when it was trained with
+per-sample pooling (pooling.py), the pooling, so it predicts exactly as it was trained.
 
 Rows without text (a null, NaN, empty or blank cell, or a value that is not a string) follow one policy, the same
 for ``maxout predict --on-missing``, the pyfunc's ``on_missing`` param and ``mlflow models serve``: ``error``
@@ -24,6 +25,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from .. import cells
 from ..errors import one_of
+from .pooling import PooledClassifier
 
 META_FILE = "maxout.json"
 ON_MISSING = ("error", "skip", "empty")  # what to do with rows that have no text (see the module docstring)
@@ -53,6 +55,7 @@ class ModelMeta:
     text_pair_column: Optional[str]
     label_names: list
     max_length: int
+    pooling: Optional[str] = None  # last / mean / first: pooling.PooledClassifier; None: the model's own head
 
     def input_columns(self) -> list[str]:
         return [self.text_column] + ([self.text_pair_column] if self.text_pair_column else [])
@@ -82,6 +85,8 @@ class Predictor:
         directory = Path(directory)
         meta = ModelMeta(**json.loads((directory / META_FILE).read_text()))
         model = AutoModelForSequenceClassification.from_pretrained(directory)
+        if meta.pooling:
+            model = PooledClassifier(model, meta.pooling)
         return cls(model, AutoTokenizer.from_pretrained(directory), meta, device)
 
     def check(self, frame: pd.DataFrame) -> None:

@@ -221,7 +221,8 @@ def cache_key(cfg: Config, device: DeviceInfo, sequence_length: int, budget_byte
                        f"precision {precision_opt.resolve(hw.precision, device).effective}",
                        f"checkpointing {str(hw.gradient_checkpointing).lower()}", f"compile {str(compiled).lower()}",
                        f"adapter {mc.adapter}", f"frozen {str(mc.freeze_encoder).lower()}",
-                       f"attention {hw.attn_implementation}", f"torch {device.torch_version}"])
+                       f"attention {hw.attn_implementation}", f"torch {device.torch_version}"]
+                      + (["packed"] if cfg.data.padding == "packed" else []))  # one row of rows*length tokens
 
 
 def _read_cache(path: Path) -> dict:

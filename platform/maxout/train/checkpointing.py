@@ -207,12 +207,12 @@ class Checkpointer(Callback):
                  extras: Optional[dict[str, Callable[[TrainState], Any]]] = None):
         self.setup, self.tracker, self.cfg, self.directory, self.meta = setup, tracker, cfg, directory, meta
         self.extras = extras or {}
-        self.batches_per_epoch = len(setup.train_loader)
 
     def on_step_end(self, state: TrainState) -> None:
         every = self.cfg.every_n_steps
         # The last step of an epoch (or of the run) is saved by on_epoch_end, right after its evaluation.
-        ends_epoch = state.batches_in_epoch >= self.batches_per_epoch or state.step >= state.total_steps
+        # len() of the loader is this epoch's count (a token budget packs a different count each epoch).
+        ends_epoch = state.batches_in_epoch >= len(self.setup.train_loader) or state.step >= state.total_steps
         if every and state.step % every == 0 and not ends_epoch:
             self.save(state, (state.epoch, state.batches_in_epoch))
 

@@ -38,7 +38,7 @@ def evaluate(s: Setup, loader: Optional[Any] = None, split: str = "eval") -> Eva
     for batch in loader if loader is not None else s.eval_loader:
         inputs = {name: batch[name].to(device, non_blocking=True) for name in MODEL_INPUTS if name in batch}
         with s.precision.autocast():
-            out = s.model(**inputs)
+            out = s.classifier(**inputs)
         loss_sum += out.loss.double() * inputs["labels"].numel()
         counts += confusion_matrix(out.logits.argmax(dim=-1), inputs["labels"], k).flatten()
     s.model.train()

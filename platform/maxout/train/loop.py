@@ -137,6 +137,9 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
             state.loss_steps += 1
             state.batches_in_epoch += len(group)
             state.step += 1
+            if s.packed:  # a token budget packs a different number of samples into each step (buffered, no sync)
+                tracker.log_metrics({"train/batch_samples": float(sum(len(b["labels"]) for b in group))},
+                                    step=state.step)
             meter.step()
             bar.update()
             if state.step == first_step and math.isnan(state.first_step_s):  # the run's first step, not a resume's

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from ..errors import OutOfMemory
+from ..optimizations import packing
 from ..tracking.tracker import Tracker
 
 SPLIT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels")
@@ -42,6 +43,8 @@ class OOMRecovery:
         size = self.rows_per_forward(rows)
         if size >= rows:
             return [(batch, 1.0)]
+        if "packing" in batch:  # a packed row splits into packed chunks of whole samples
+            return packing.split(batch, size)
         return [({k: batch[k][i:i + size] for k in SPLIT_KEYS if k in batch}, min(size, rows - i) / rows)
                 for i in range(0, rows, size)]
 

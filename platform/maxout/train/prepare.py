@@ -17,6 +17,7 @@ from ..config import PER_CLASS_METRIC, Config
 from ..errors import ConfigError, MaxoutError, collect, combined
 from ..metrics import label_key
 from ..paths import check_writable
+from ..serving import pooling
 from . import resume as resume_mod
 from .setup import resolve_micro_batch
 
@@ -54,6 +55,8 @@ def add_problems(cfg: Config, problems: list, dataset: Any = None, tokenizer: An
             tokenizer = collect(problems, modeling.load_tokenizer, cfg.model)
             if _valid(cfg.data):  # against the model's position embeddings (its config.json, no weights)
                 collect(problems, modeling.check_max_length, cfg.model, cfg.data.max_length)
+    if tokenizer is not None and _valid(cfg.model):
+        collect(problems, check_model, cfg, tokenizer)
     if cfg.batch_size != "auto":  # auto: the batch finder probes once the run's device is known
         collect(problems, resolve_micro_batch, cfg)
     if cfg.tracking.backend == "mlflow" and _valid(cfg.tracking):
@@ -76,6 +79,12 @@ def check_selection_metric(cfg: Config, label_names: list[str]) -> None:
         valid = ", ".join(f"eval/{found.group(1)}/{k}" for k in keys)
         raise ConfigError(f"train.select_best={cfg.train.select_best!r} names label {found.group(2)!r}, which "
                           f"evaluation never logs: the labels are {list(map(str, label_names))} (valid: {valid})")
+
+
+def check_model(cfg: Config, tokenizer: Any) -> None:
+    """The model's config takes the asked attention direction and pooling (config only: no weights are loaded)."""
+    config = modeling.build_config(cfg.model, ["0", "1"], len(tokenizer), tokenizer.pad_token_id)
+    pooling.check(modeling.model_class(config), config.model_type, cfg.model.pooling)
 
 
 def _valid(section: Any) -> bool:

@@ -94,7 +94,7 @@ def majority_baseline(labels: list[int]) -> float:
 def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
     cfg = setup.cfg
     meta = inference.ModelMeta(cfg.data.text_column, cfg.data.text_pair_column, setup.dataset.label_names,
-                               cfg.data.max_length)
+                               cfg.data.max_length, setup.derived.get("pooling"))
     val = setup.dataset.validation
     example = pd.DataFrame({cfg.data.text_column: val.texts[:2]})
     if val.pairs is not None:

@@ -22,7 +22,8 @@ from ..hardware import DeviceInfo
 from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import dataloader, deterministic, fast_dropout, freeze, fused_adamw, grad_clipping
-from ..optimizations import gradient_checkpointing, lora, precision as precision_opt, tf32
+from ..optimizations import gradient_checkpointing, lora, packing, precision as precision_opt, tf32
+from ..serving import pooling
 from .divergence import DivergenceWatch
 from .oom import OOMRecovery
 
@@ -36,12 +37,13 @@ class Setup:
     model_config: Any
     model: torch.nn.Module  # the trainable module (peft-wrapped when an adapter is on)
     forward: Callable  # what the loop calls: the compiled module when compile is on
+    classifier: torch.nn.Module  # what evaluation calls: ``model``, or it with per-sample pooling (pooling.py)
     optimizer: torch.optim.Optimizer
     scheduler: Any
     precision: precision_opt.Precision
     train_loader: torch.utils.data.DataLoader
     eval_loader: torch.utils.data.DataLoader
-    sampler: bucketing.EpochBatchSampler
+    sampler: bucketing.EpochBatchSampler  # or its token-budget subclass, packing.TokenBudgetSampler
     micro_batch: int
     accum_steps: int
     clip_norm: float  # 0: no clipping
@@ -55,19 +57,28 @@ class Setup:
         return named(self.decisions, name)
 
     @property
+    def packed(self) -> bool:
+        return self.decision("padding").effective == "packed"
+
+    @property
     def steps_per_epoch(self) -> int:
-        return planned_steps(len(self.train_loader), self.accum_steps, self.cfg.train)[0]
+        return planned_steps(self.sampler.batches_in_epoch, self.accum_steps, self.cfg.train)[0]
 
     @property
     def total_steps(self) -> int:
-        return planned_steps(len(self.train_loader), self.accum_steps, self.cfg.train)[1]
+        return planned_steps(self.sampler.batches_in_epoch, self.accum_steps, self.cfg.train)[1]
 
 
-def planned_steps(micro_batches_per_epoch: int, accum_steps: int, tr: Any) -> tuple[int, int]:
-    """(optimizer steps per epoch, total optimizer steps); max_steps > 0 caps the total."""
-    per_epoch = math.ceil(micro_batches_per_epoch / accum_steps)
-    total = per_epoch * tr.epochs
-    return per_epoch, (min(total, tr.max_steps) if tr.max_steps > 0 else total)
+def planned_steps(micro_batches: int | Callable[[int], int], accum_steps: int, tr: Any) -> tuple[int, int]:
+    """(optimizer steps in the first epoch, total optimizer steps); max_steps > 0 caps the total.
+    ``micro_batches``: per epoch, or a function of the epoch (a token budget packs a different count each epoch)."""
+    count = micro_batches if callable(micro_batches) else (lambda _epoch: micro_batches)
+    total = 0
+    for epoch in range(tr.epochs):
+        total += math.ceil(count(epoch) / accum_steps)
+        if 0 < tr.max_steps <= total:
+            return math.ceil(count(0) / accum_steps), tr.max_steps
+    return math.ceil(count(0) / accum_steps), total
 
 
 def resolve_micro_batch(cfg: Config) -> int:
@@ -97,7 +108,7 @@ def backend_decisions(cfg: Config, device: DeviceInfo) -> list[Decision]:
 def build_model(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
                 precision: str) -> tuple[Any, torch.nn.Module, list[Decision]]:
     hw, mc = cfg.hardware, cfg.model
-    model_config = modeling.build_config(mc, dataset.label_names, len(tokenizer))
+    model_config = modeling.build_config(mc, dataset.label_names, len(tokenizer), tokenizer.pad_token_id)
     d_attn = attention.resolve(hw.attn_implementation, modeling.model_class(model_config), device, precision)
     model = modeling.load_model(mc, model_config, d_attn.effective)
 
@@ -109,9 +120,17 @@ def build_model(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, toke
     if d_ckpt.effective:  # before peft wraps the model: checkpointing lives on the transformers module
         gradient_checkpointing.apply(model)
     if d_adapter.effective != "none":
-        model = lora.apply(model, d_adapter.effective, mc.lora_r, mc.lora_alpha, mc.lora_dropout,
-                           mc.lora_target_modules)
+        targets = lora.target_modules(model, mc.lora_target_modules)
+        model = lora.apply(model, d_adapter.effective, mc.lora_r, mc.lora_alpha, mc.lora_dropout, targets)
     return model_config, model.to(device.torch_device), [d_attn, d_ckpt, d_freeze, d_adapter]
+
+
+def build_classifier(cfg: Config, model: torch.nn.Module, packed: bool) -> torch.nn.Module:
+    """``model`` itself, or with per-sample pooling (serving/pooling.py) when ``model.pooling`` is set or batches are
+    packed (a model's own head pools per row, and a packed row holds many samples)."""
+    inner = lora.transformers_model(model)  # peft's adapters live inside its layers
+    kind = cfg.model.pooling or (pooling.native_pooling(inner) if packed else None)
+    return pooling.PooledClassifier(inner, kind) if kind else model
 
 
 def build_collator(cfg: Config, device: DeviceInfo, tokenizer: Any) -> data_mod.Collator:
@@ -124,17 +143,26 @@ Encode = Callable[[Any, data_mod.Table, int], data_mod.Encoded]  # data.encode, 
 
 
 def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any, micro_batch: int,
-                  encode: Encode = data_mod.encode) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
+                  model_config: Any, attn_implementation: str, encode: Encode = data_mod.encode
+                  ) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
     dc = cfg.data
     train_enc = encode(tokenizer, dataset.train, dc.max_length)
     eval_enc = encode(tokenizer, dataset.validation, dc.max_length)
-    d_pad = Decision("padding", dc.padding, dc.padding)
-    d_bucket = decide("bucketing", dc.bucketing, bucketing.supported(dc.padding))
+    d_pad = packing.resolve(dc.padding, model_config.model_type, attn_implementation)
+    # Packing that fell back pads dynamically, with length bucketing whatever data.bucketing says.
+    d_bucket = (Decision("bucketing", dc.bucketing, True, "padding fell back from packed") if d_pad.changed
+                else decide("bucketing", dc.bucketing, bucketing.supported(d_pad.effective)))
     collate = build_collator(cfg, device, tokenizer)
     settings, d_loader = dataloader.resolve(cfg.hardware, device)
-    sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
-                              dc.bucket_batches)
-    train_loader = dataloader.apply(train_enc, sampler, collate, settings)
+    if d_pad.effective == "packed":
+        budget = packing.token_budget(dc.max_tokens_per_batch, micro_batch, train_enc.lengths)
+        sampler, packed_collate = packing.apply(train_enc.lengths, budget, cfg.train.seed, packing.position_start(
+            model_config.model_type, model_config.pad_token_id))
+        train_loader = dataloader.apply(train_enc, sampler, packed_collate, settings)
+    else:
+        sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
+                                  dc.bucket_batches)
+        train_loader = dataloader.apply(train_enc, sampler, collate, settings)
     eval_loader = _eval_loader(eval_enc, micro_batch, collate, settings)
     return train_loader, eval_loader, sampler, d_loader + [d_bucket, d_pad]
 
@@ -184,12 +212,15 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
     started = time.perf_counter()
     model_config, model, d_model = build_model(cfg, device, dataset, tokenizer, prec)
     loaded = time.perf_counter()
-    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch, encode)
+    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch,
+                                                               model_config, named(d_model, "attention").effective,
+                                                               encode)
     timings = {"time/model_load_s": loaded - started, "time/tokenize_s": time.perf_counter() - loaded}
+    classifier = build_classifier(cfg, model, named(d_data, "padding").effective == "packed")
     accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch)
-    _, total = planned_steps(len(train_loader), accum_steps, cfg.train)
+    _, total = planned_steps(sampler.batches_in_epoch, accum_steps, cfg.train)
     optimizer, scheduler, d_optim = build_optimizer(cfg, device, model, total)
-    forward, d_compile = build_compile(cfg, device, model)
+    forward, d_compile = build_compile(cfg, device, classifier)
     decisions += d_model + d_data + [d_accum] + d_optim + d_compile
     d_dropout = decide("fast_dropout", cfg.hardware.fast_dropout,
                        fast_dropout.supported(device, named(decisions, "compile").effective,
@@ -198,7 +229,7 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
         forward = fast_dropout.apply(forward)
     decisions.append(d_dropout)
     setup = Setup(cfg=cfg, device=device, dataset=dataset, tokenizer=tokenizer, model_config=model_config,
-                  model=model, forward=forward, optimizer=optimizer, scheduler=scheduler,
+                  model=model, forward=forward, classifier=classifier, optimizer=optimizer, scheduler=scheduler,
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
                   eval_loader=eval_loader, sampler=sampler, micro_batch=micro_batch, accum_steps=accum_steps,
                   clip_norm=cfg.train.max_grad_norm if named(decisions, "grad_clipping").effective else 0.0,
@@ -216,4 +247,10 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
         "zero_grad_set_to_none": True,
         **{f"rows_dropped_{split}": n for split, n in dataset.dropped.items()},  # data.on_missing=drop
     }
+    if isinstance(classifier, pooling.PooledClassifier):
+        setup.derived["pooling"] = classifier.pooling
+    if setup.packed:
+        setup.derived["max_tokens_per_batch"] = sampler.max_tokens
+    if named(decisions, "adapter").effective != "none":
+        setup.derived["lora_target_modules"] = lora.describe(lora.applied_targets(model))
     return setup

@@ -1,0 +1,307 @@
+"""Padding-free packing and per-sample pooling, on real tiny models built from configs (CPU).
+
+The test that matters: the logits and loss of a packed batch equal those of the same samples run one by one, on
+every architecture packing allows and on both attention implementations a CPU runs (SDPA and eager): no attention
+leaks across samples. Its gradients equal those of the padded batch. Decoders give each row the logits it has
+alone with left and with right padding.
+
+Tolerances: fp32 logits of one row alone and inside a batch differ only by summation order (other matrix shapes,
+other blockings): about 1e-6 on values of order 1, so 1e-5 is asserted. bf16 (CPU autocast) keeps 8 mantissa bits,
+a relative error of 2^-8 = 0.4% per rounding, compounded over two layers: 5e-2 on logits of order 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from maxout import data, loading, modeling
+from maxout.errors import ConfigError
+from maxout.optimizations import packing
+from maxout.serving import pooling
+
+FP32_TOL, BF16_TOL = 1e-5, 5e-2
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+             max_position_embeddings=512)
+DECODER = dict(SMALL, num_key_value_heads=1)
+
+# model group (its own architecture) or a model_type on the small sizes above: every packable family is checked.
+MODELS = {
+    "tiny": ("tiny", {}), "tiny_gemma": ("tiny_gemma", {}), "tiny_qwen3": ("tiny_qwen3", {}),
+    "tiny_modernbert": ("tiny_modernbert", {}),
+    "gemma_bidirectional": ("tiny_gemma", {"attention": "bidirectional", "pooling": "mean"}),
+    "llama": ("tiny_qwen3", {"architecture": dict(DECODER, model_type="llama")}),
+    "mistral": ("tiny_qwen3", {"architecture": dict(DECODER, model_type="mistral")}),
+    "qwen2": ("tiny_qwen3", {"architecture": dict(DECODER, model_type="qwen2")}),
+    "gemma": ("tiny_qwen3", {"architecture": dict(DECODER, model_type="gemma", head_dim=16)}),
+    "gemma2": ("tiny_qwen3", {"architecture": dict(DECODER, model_type="gemma2", head_dim=16, sliding_window=16,
+                                                   query_pre_attn_scalar=16)}),
+    "roberta": ("tiny", {"architecture": dict(SMALL, model_type="roberta")}),
+    "xlm-roberta": ("tiny", {"architecture": dict(SMALL, model_type="xlm-roberta")}),
+    "electra": ("tiny", {"architecture": dict(SMALL, model_type="electra", embedding_size=32)}),
+}
+
+
+def rows_and_tokenizer(count: int = 7):
+    """Real demo rows (post + criterion pairs: BERT's token types too), longest first so lengths differ."""
+    cfg = loading.load(["hardware=cpu", "model=tiny"])
+    tokenizer = modeling.load_tokenizer(cfg.model)
+    table = data.load(cfg.data).validation
+    encoded = data.encode(tokenizer, table, 256)
+    rows = [encoded[i] for i in range(count)]
+    assert len({len(r["input_ids"]) for r in rows}) > 3
+    return rows, tokenizer
+
+
+ROWS, TOKENIZER = None, None
+
+
+def demo_rows():
+    global ROWS, TOKENIZER
+    if ROWS is None:
+        ROWS, TOKENIZER = rows_and_tokenizer()
+    return ROWS, TOKENIZER
+
+
+@functools.lru_cache(maxsize=None)
+def model_group(group: str):
+    return loading.load(["hardware=cpu", f"model={group}"]).model
+
+
+def build(name: str, attn: str = "sdpa", **model_overrides):
+    group, changes = MODELS[name]
+    cfg = copy.deepcopy(model_group(group))
+    for key, value in {**changes, **model_overrides}.items():
+        setattr(cfg, key, value)
+    rows, tokenizer = demo_rows()
+    config = modeling.build_config(cfg, ["0", "1", "2"], len(tokenizer), tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = modeling.load_model(cfg, config, attn).eval()
+    kind = cfg.pooling or pooling.native_pooling(model)
+    return pooling.PooledClassifier(model, kind), [dict(r) for r in rows], tokenizer
+
+
+def packed_batch(rows, model):
+    start = packing.position_start(model.config.model_type, model.config.pad_token_id)
+    return packing.PackedCollator(start)(rows)
+
+
+def padded_batch(rows, tokenizer):
+    return data.Collator(tokenizer.pad_token_id)(rows)
+
+
+def inputs(batch):
+    return {k: batch[k] for k in data.MODEL_INPUTS if k in batch}
+
+
+# Gemma 2 has no SDPA path in transformers 5 (the attention decision falls back to eager): eager only.
+@pytest.mark.parametrize("name,attn", [(n, a) for n in sorted(MODELS) for a in ("sdpa", "eager")
+                                       if (n, a) != ("gemma2", "sdpa")])
+def test_packed_logits_and_loss_equal_each_sample_run_alone(name, attn):
+    classifier, rows, tokenizer = build(name, attn)
+    assert packing.supported(classifier.config.model_type, attn) == (True, "")
+    for row in rows:
+        row["labels"] = len(row["input_ids"]) % 3
+    with torch.no_grad():
+        packed = classifier(**inputs(packed_batch(rows, classifier.model)))
+        alone = [classifier(**inputs(padded_batch([row], tokenizer))) for row in rows]
+    logits = torch.cat([out.logits for out in alone])
+    assert (packed.logits - logits).abs().max() < FP32_TOL
+    assert packed.loss == pytest.approx(torch.stack([out.loss for out in alone]).mean().item(), abs=FP32_TOL)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny_gemma", "tiny_modernbert"])
+def test_packed_logits_in_bf16_match_within_bf16_tolerance(name):
+    classifier, rows, tokenizer = build(name)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        packed = classifier(**inputs(packed_batch(rows, classifier.model))).logits.float()
+        alone = torch.cat([classifier(**inputs(padded_batch([r], tokenizer))).logits.float() for r in rows])
+    assert (packed - alone).abs().max() < BF16_TOL
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny_gemma", "gemma_bidirectional", "tiny_qwen3", "tiny_modernbert"])
+def test_packed_gradients_equal_the_padded_batch_gradients(name):
+    classifier, rows, tokenizer = build(name)
+    twin = copy.deepcopy(classifier)
+    for row in rows:
+        row["labels"] = len(row["input_ids"]) % 2
+    classifier(**inputs(packed_batch(rows, classifier.model))).loss.backward()
+    twin(**inputs(padded_batch(rows, tokenizer))).loss.backward()
+    grads = dict(twin.model.named_parameters())
+    compared = 0
+    for pname, p in classifier.model.named_parameters():
+        if p.grad is None:
+            assert grads[pname].grad is None, pname
+            continue
+        scale = grads[pname].grad.abs().max().clamp(min=1e-3)
+        assert ((p.grad - grads[pname].grad).abs().max() / scale) < 1e-4, pname
+        compared += 1
+    assert compared > 10
+
+
+@pytest.mark.parametrize("name", ["tiny_gemma", "tiny_qwen3", "gemma_bidirectional"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_decoders_give_each_row_its_own_logits_with_left_or_right_padding(name, side):
+    classifier, rows, tokenizer = build(name)
+    pad = tokenizer.pad_token_id
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        span = slice(0, n) if side == "right" else slice(width - n, width)
+        ids[i, span], mask[i, span] = torch.tensor(row["input_ids"]), 1
+    with torch.no_grad():
+        batched = classifier(input_ids=ids, attention_mask=mask).logits
+        alone = torch.cat([classifier(input_ids=torch.tensor([r["input_ids"]])).logits for r in rows])
+    assert (batched - alone).abs().max() < FP32_TOL
+
+
+def test_pooling_picks_first_last_and_mean_of_each_sample():
+    hidden = torch.arange(12.0).reshape(6, 2)  # tokens 0-5; token 5 is padding (sample id 2 = spare slot)
+    sample = torch.tensor([0, 0, 0, 1, 1, 2])
+    assert pooling.pool(hidden, sample, 2, "first").tolist() == [[0, 1], [6, 7]]
+    assert pooling.pool(hidden, sample, 2, "last").tolist() == [[4, 5], [8, 9]]
+    assert pooling.pool(hidden, sample, 2, "mean").tolist() == [[2, 3], [7, 8]]
+
+
+def test_maxout_pooling_with_the_native_kind_equals_the_models_own_head():
+    for name in ("tiny", "tiny_modernbert", "tiny_qwen3"):
+        classifier, rows, tokenizer = build(name)
+        batch = padded_batch(rows, tokenizer)
+        with torch.no_grad():
+            ours = classifier(**inputs(batch)).logits
+            native = classifier.model(**{k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
+                                         if k in batch and (k != "token_type_ids" or name == "tiny")}).logits
+        assert (ours - native).abs().max() < FP32_TOL, name
+
+
+def test_pooling_on_a_model_without_a_pooled_head_is_a_one_line_error():
+    cls = type("DebertaV2ForSequenceClassification", (torch.nn.Module,), {})
+    with pytest.raises(ConfigError, match="model.pooling=mean: DebertaV2ForSequenceClassification .deberta-v2. "
+                                          "has no per-sample pooling head"):
+        pooling.check(cls, "deberta-v2", "mean")
+    pooling.check(cls, "deberta-v2", None)  # its own head: fine
+
+
+# ------------------------------------------------------------------------------------------------ batches
+
+
+def test_packed_collator_flattens_rows_with_restarting_positions_and_one_label_each():
+    rows = [{"input_ids": [5, 6, 7], "token_type_ids": [0, 0, 1], "labels": 1},
+            {"input_ids": [8, 9], "token_type_ids": [0, 1], "labels": 0}]
+    batch = packing.PackedCollator()(rows)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9]] and batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    assert batch["token_type_ids"].tolist() == [[0, 0, 1, 0, 1]] and batch["labels"].tolist() == [1, 0]
+    layout = batch["packing"]
+    assert layout.cu_seq_lens.tolist() == [0, 3, 5] and layout.seq_idx.tolist() == [[0, 0, 0, 1, 1]]
+    assert layout.max_length == 3 and layout.cu_seq_lens.dtype == torch.int32
+    assert layout.flash_kwargs()["cu_seq_lens_k"] is layout.cu_seq_lens and layout.flash_kwargs()["max_length_q"] == 3
+    assert batch["num_real_tokens"] == batch["num_tokens"] == 5  # no padding: efficiency 1.0
+    assert packing.PackedCollator(position_ids_start=2)(rows)["position_ids"].tolist() == [[2, 3, 4, 2, 3]]
+
+
+def test_a_packed_batch_splits_into_packed_chunks_of_whole_rows():
+    rows = [{"input_ids": list(range(1, n + 1)), "labels": n % 2} for n in (3, 5, 2, 4, 1)]
+    batch = packing.PackedCollator()(rows)
+    chunks = packing.split(batch, 2)
+    assert [share for _, share in chunks] == [0.4, 0.4, 0.2]
+    again = [packing.PackedCollator()(rows[i:i + 2]) for i in range(0, 5, 2)]
+    for (chunk, _), expected in zip(chunks, again):
+        for key in ("input_ids", "position_ids", "labels"):
+            assert chunk[key].tolist() == expected[key].tolist(), key
+        assert chunk["packing"].cu_seq_lens.tolist() == expected["packing"].cu_seq_lens.tolist()
+        assert chunk["packing"].seq_idx.tolist() == expected["packing"].seq_idx.tolist()
+        assert chunk["packing"].max_length == expected["packing"].max_length
+
+
+def test_token_budget_batches_hold_every_row_once_within_the_budget():
+    import random
+
+    rng = random.Random(0)
+    lengths = [max(8, min(256, int(rng.expovariate(1 / 60)))) for _ in range(500)]
+    sampler = packing.TokenBudgetSampler(lengths, max_tokens=1024, seed=3)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert sorted(i for b in batches for i in b) == list(range(500))
+        tokens = [sum(lengths[i] for i in b) for b in batches]
+        assert max(tokens) <= 1024 and tokens[0] == max(tokens)  # fullest first: out of memory shows at step 1
+        assert sum(tokens) / (1024 * len(batches)) > 0.9  # greedy filling leaves little of the budget unused
+        assert len(sampler) == len(batches) == sampler.batches_in_epoch(epoch)
+    twin = packing.TokenBudgetSampler(lengths, max_tokens=1024, seed=3)
+    assert twin.batches(2) == sampler.batches(2) != sampler.batches(1)  # a pure function of seed and epoch
+    sampler.set_epoch(1, skip_batches=4)
+    assert list(sampler) == sampler.batches(1)[4:]  # a resumed run skips what it consumed
+
+
+def test_auto_budget_is_the_micro_batch_times_the_mean_row_length():
+    assert packing.token_budget("auto", 4, [10, 20, 30]) == 80
+    assert packing.token_budget("auto", 1, [10, 20, 300]) == 300  # never below the longest row
+    assert packing.token_budget(512, 4, [10]) == 512
+
+
+def test_packing_falls_back_to_bucketing_where_rows_cannot_be_kept_apart():
+    decision = packing.resolve("packed", "deberta-v2", "sdpa")
+    assert (decision.requested, decision.effective) == ("packed", "dynamic")
+    assert "deberta-v2" in decision.reason and "-> dynamic padding with length bucketing" in decision.reason
+    assert packing.resolve("packed", "bert", "flex_attention").effective == "dynamic"
+    assert packing.resolve("packed", "gemma3_text", "flash_attention_2").effective == "packed"
+    assert packing.resolve("dynamic", "deberta-v2", "sdpa").effective == "dynamic"
+
+
+def test_a_tiny_packed_run_logs_each_steps_samples_and_no_padding(cpu_device):
+    from maxout.tracking.tracker import NullTracker
+    from maxout.train import train
+
+    from .conftest import TINY
+
+    cfg = loading.load([*TINY, "model=tiny_gemma", "train.max_steps=4", "data.padding=packed",
+                        "data.max_tokens_per_batch=1024", "checkpoint.enabled=false"], device=cpu_device)
+    tracker = NullTracker()
+    result = train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False)
+    assert tracker.params["opt.padding.effective"] == "packed" and tracker.params["derived.pooling"] == "last"
+    assert tracker.params["opt.bucketing.effective"] == "false" and result.setup.packed
+    per_step = tracker.metrics["train/batch_samples"]
+    assert [step for step, _ in per_step] == [1, 2, 3, 4]
+    assert sum(n for _, n in per_step) == result.metrics["train/samples"]
+    assert len({n for _, n in per_step}) > 1  # a token budget, not a row count
+    assert result.metrics["perf/padding_efficiency"] == 1.0
+    assert result.metrics["perf/flops_per_token"] > 0  # MFU's formula runs on a decoder
+
+
+def test_packing_an_architecture_without_a_packed_path_falls_back_with_the_reason(cpu_device):
+    from maxout.tracking.tracker import NullTracker
+    from maxout.train import train
+
+    from .conftest import TINY
+
+    cfg = loading.load([*TINY, "data.padding=packed", "data.max_tokens_per_batch=auto", "checkpoint.enabled=false"],
+                       device=cpu_device)
+    cfg.model.architecture = dict(SMALL, model_type="deberta-v2")  # its attention builds its own padding mask
+    tracker = NullTracker()
+    result = train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False)
+    assert tracker.params["opt.padding.effective"] == "dynamic" and "model type 'deberta-v2'" in tracker.params[
+        "opt.padding.reason"]
+    assert tracker.params["opt.bucketing.effective"] == "true" and not result.setup.packed
+    assert "train/batch_samples" not in tracker.metrics and result.setup.classifier is result.setup.model
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2"])
+@pytest.mark.parametrize("name", ["tiny", "tiny_gemma", "tiny_modernbert"])
+def test_on_a_gpu_packed_logits_equal_each_sample_alone_in_bf16(name, attn):
+    import importlib.util
+
+    if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("the flash_attn package is not installed")
+    classifier, rows, tokenizer = build(name, attn)
+    classifier = classifier.to("cuda")
+    to_cuda = lambda batch: {k: v.to("cuda") for k, v in inputs(batch).items()}  # noqa: E731
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        packed = classifier(**to_cuda(packed_batch(rows, classifier.model))).logits.float()
+        alone = torch.cat([classifier(**to_cuda(padded_batch([r], tokenizer))).logits.float() for r in rows])
+    assert (packed - alone).abs().max() < BF16_TOL
