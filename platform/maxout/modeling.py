@@ -202,7 +202,7 @@ def check_max_length(cfg: ModelConfig, max_length: int) -> None:
     a clamp would change what the model sees while the config, the run key and HPO's comparisons still say the
     longer length."""
     if cfg.source == "config":
-        config = BertConfig(**dict(cfg.architecture))
+        config = architecture_config(cfg)
     else:
         config = AutoConfig.from_pretrained(weights_location(cfg))
     limit, how = position_limit(config)
