@@ -1,7 +1,9 @@
 """Build everything the loop needs, deciding and applying each optimization once, in a fixed order.
 
 Each decision (requested, effective, reason) is recorded in ``Setup.decisions``; nothing the device cannot
-honour is turned off silently.
+honour is turned off silently. The decisions that need nothing built are made in one place, ``plan_decisions``
+(the config, the device and the model's class are enough), which ``maxout audit`` also asks; the rest (adapter,
+frozen encoder, accumulation) need the loaded model or the micro-batch.
 """
 
 from __future__ import annotations
@@ -76,38 +78,54 @@ def resolve_micro_batch(cfg: Config) -> int:
     return int(batch)
 
 
-def backend_decisions(cfg: Config, device: DeviceInfo) -> list[Decision]:
-    """Process-wide switches, applied before the model exists (seed first: the head's init depends on it)."""
-    hw, tr = cfg.hardware, cfg.train
-    deterministic.seed_everything(tr.seed)
+def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type) -> list[Decision]:
+    """Every decision that needs nothing built, from the config, the device and the model's class alone. build()
+    applies these and never decides them again, and ``maxout audit`` asks this what a config would get on a device
+    without building anything: the reasons it lists are the very strings a run logs as ``opt.<name>.reason``."""
+    hw, tr, dc = cfg.hardware, cfg.train, cfg.data
     d_det = decide("deterministic", tr.deterministic, deterministic.supported(device))
-    deterministic.apply(d_det.effective)
     d_prec = precision_opt.resolve(hw.precision, device)
     d_tf32 = decide("tf32", hw.tf32, tf32.supported(device))
-    tf32.apply(d_tf32.effective)
     d_cudnn = decide("cudnn_benchmark", hw.cudnn_benchmark, cudnn_benchmark.supported(device, d_det.effective))
-    cudnn_benchmark.apply(d_cudnn.effective)
-    return [d_prec, d_tf32, d_cudnn, d_det]
+    d_attn = attention.resolve(hw.attn_implementation, model_class, device, d_prec.effective)
+    d_ckpt = decide("gradient_checkpointing", hw.gradient_checkpointing, gradient_checkpointing.supported(model_class))
+    _, d_loader = dataloader.resolve(hw, device)
+    d_bucket = decide("bucketing", dc.bucketing, bucketing.supported(dc.padding))
+    d_pad = Decision("padding", dc.padding, dc.padding)
+    d_fused = decide("fused_adamw", hw.fused_adamw, fused_adamw.supported(device))
+    d_clip = decide("grad_clipping", tr.max_grad_norm, grad_clipping.supported(tr.max_grad_norm), off=0.0)
+    d_compile = decide("compile", hw.compile, compile_opt.supported(device))
+    d_mode = (compile_opt.resolve_mode(hw.compile_mode, device, dc.padding == "max_length") if d_compile.effective
+              else Decision("compile_mode", hw.compile_mode, "none", "compile is off"))
+    d_dropout = decide("fast_dropout", hw.fast_dropout,
+                       fast_dropout.supported(device, d_compile.effective, d_ckpt.effective))
+    return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_fused, d_clip, d_compile,
+            d_mode, d_dropout]
 
 
-def build_model(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-                precision: str) -> tuple[Any, torch.nn.Module, list[Decision]]:
-    hw, mc = cfg.hardware, cfg.model
-    model_config = modeling.build_config(mc, dataset.label_names, len(tokenizer))
-    d_attn = attention.resolve(hw.attn_implementation, modeling.model_class(model_config), device, precision)
-    model = modeling.load_model(mc, model_config, d_attn.effective)
+def apply_backend(cfg: Config, planned: list[Decision]) -> None:
+    """Process-wide switches, applied before the model exists (seed first: the head's init depends on it)."""
+    deterministic.seed_everything(cfg.train.seed)
+    deterministic.apply(named(planned, "deterministic").effective)
+    tf32.apply(named(planned, "tf32").effective)
+    cudnn_benchmark.apply(named(planned, "cudnn_benchmark").effective)
+
+
+def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: list[Decision]
+                ) -> tuple[torch.nn.Module, list[Decision]]:
+    mc = cfg.model
+    model = modeling.load_model(mc, model_config, named(planned, "attention").effective)
 
     d_adapter = decide("adapter", mc.adapter, lora.supported(mc.adapter), off="none")
     d_freeze = decide("freeze_encoder", mc.freeze_encoder, freeze.supported(model, d_adapter.effective))
     if d_freeze.effective:
         freeze.apply(model)
-    d_ckpt = decide("gradient_checkpointing", hw.gradient_checkpointing, gradient_checkpointing.supported(model))
-    if d_ckpt.effective:  # before peft wraps the model: checkpointing lives on the transformers module
+    if named(planned, "gradient_checkpointing").effective:  # before peft wraps it: it lives on the transformers module
         gradient_checkpointing.apply(model)
     if d_adapter.effective != "none":
         model = lora.apply(model, d_adapter.effective, mc.lora_r, mc.lora_alpha, mc.lora_dropout,
                            mc.lora_target_modules)
-    return model_config, model.to(device.torch_device), [d_attn, d_ckpt, d_freeze, d_adapter]
+    return model.to(device.torch_device), [d_freeze, d_adapter]
 
 
 def build_collator(cfg: Config, device: DeviceInfo, tokenizer: Any) -> data_mod.Collator:
@@ -117,65 +135,57 @@ def build_collator(cfg: Config, device: DeviceInfo, tokenizer: Any) -> data_mod.
 
 
 def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-                  micro_batch: int) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
+                  micro_batch: int, planned: list[Decision]) -> tuple[Any, Any, bucketing.EpochBatchSampler]:
     dc = cfg.data
     train_enc = data_mod.encode(tokenizer, dataset.train, dc.max_length)
     eval_enc = data_mod.encode(tokenizer, dataset.validation, dc.max_length)
-    d_pad = Decision("padding", dc.padding, dc.padding)
-    d_bucket = decide("bucketing", dc.bucketing, bucketing.supported(dc.padding))
     collate = build_collator(cfg, device, tokenizer)
-    settings, d_loader = dataloader.resolve(cfg.hardware, device)
-    sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
+    settings = dataloader.LoaderSettings(*(named(planned, n).effective for n in (
+        "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")))
+    sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, named(planned, "bucketing").effective,
                               dc.bucket_batches)
     train_loader = dataloader.apply(train_enc, sampler, collate, settings)
     # Evaluation: no gradients, so twice the batch fits; rows in length order pad least (order is irrelevant).
     eval_order = sorted(range(len(eval_enc)), key=eval_enc.lengths.__getitem__)
     eval_batches = [eval_order[i:i + 2 * micro_batch] for i in range(0, len(eval_order), 2 * micro_batch)]
     eval_loader = dataloader.apply(eval_enc, eval_batches, collate, settings)
-    return train_loader, eval_loader, sampler, d_loader + [d_bucket, d_pad]
+    return train_loader, eval_loader, sampler
 
 
-def build_optimizer(cfg: Config, device: DeviceInfo, model: torch.nn.Module, total_steps: int
-                    ) -> tuple[torch.optim.Optimizer, Any, list[Decision]]:
+def build_optimizer(cfg: Config, model: torch.nn.Module, total_steps: int, planned: list[Decision]
+                    ) -> tuple[torch.optim.Optimizer, Any]:
     tr = cfg.train
-    d_fused = decide("fused_adamw", cfg.hardware.fused_adamw, fused_adamw.supported(device))
-    optimizer = fused_adamw.apply(model, tr.lr, tr.weight_decay, d_fused.effective)
+    optimizer = fused_adamw.apply(model, tr.lr, tr.weight_decay, named(planned, "fused_adamw").effective)
     warmup = int(tr.warmup_ratio * total_steps)
     name = {"constant": "constant_with_warmup"}.get(tr.schedule, tr.schedule)
     scheduler = get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
-    d_clip = decide("grad_clipping", tr.max_grad_norm, grad_clipping.supported(tr.max_grad_norm), off=0.0)
-    return optimizer, scheduler, [d_fused, d_clip]
+    return optimizer, scheduler
 
 
-def build_compile(cfg: Config, device: DeviceInfo, model: torch.nn.Module) -> tuple[Callable, list[Decision]]:
-    hw = cfg.hardware
-    d_compile = decide("compile", hw.compile, compile_opt.supported(device))
-    static = cfg.data.padding == "max_length"
-    d_mode = compile_opt.resolve_mode(hw.compile_mode, device, static)
-    if not d_compile.effective:
-        return model, [d_compile, Decision("compile_mode", hw.compile_mode, "none", "compile is off")]
+def build_compile(cfg: Config, model: torch.nn.Module, planned: list[Decision]) -> Callable:
+    if not named(planned, "compile").effective:
+        return model
     # Dynamic padding changes the sequence length every batch: mark shapes dynamic up front (one compile).
-    return compile_opt.apply(model, d_mode.effective, dynamic=None if static else True), [d_compile, d_mode]
+    static = cfg.data.padding == "max_length"
+    return compile_opt.apply(model, named(planned, "compile_mode").effective, dynamic=None if static else True)
 
 
 def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
           micro_batch: Optional[int] = None) -> Setup:
     micro_batch = micro_batch or resolve_micro_batch(cfg)
-    decisions = backend_decisions(cfg, device)
-    prec = named(decisions, "precision").effective
-    model_config, model, d_model = build_model(cfg, device, dataset, tokenizer, prec)
-    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch)
+    model_config = modeling.build_config(cfg.model, dataset.label_names, len(tokenizer))
+    decisions = plan_decisions(cfg, device, modeling.model_class(model_config))
+    apply_backend(cfg, decisions)
+    model, d_model = build_model(cfg, device, model_config, decisions)
+    train_loader, eval_loader, sampler = build_loaders(cfg, device, dataset, tokenizer, micro_batch, decisions)
     accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch)
     _, total = planned_steps(len(train_loader), accum_steps, cfg.train)
-    optimizer, scheduler, d_optim = build_optimizer(cfg, device, model, total)
-    forward, d_compile = build_compile(cfg, device, model)
-    decisions += d_model + d_data + [d_accum] + d_optim + d_compile
-    d_dropout = decide("fast_dropout", cfg.hardware.fast_dropout,
-                       fast_dropout.supported(device, named(decisions, "compile").effective,
-                                              named(decisions, "gradient_checkpointing").effective))
-    if d_dropout.effective:
+    optimizer, scheduler = build_optimizer(cfg, model, total, decisions)
+    forward = build_compile(cfg, model, decisions)
+    if named(decisions, "fast_dropout").effective:
         forward = fast_dropout.apply(forward)
-    decisions.append(d_dropout)
+    decisions += d_model + [d_accum]
+    prec = named(decisions, "precision").effective
     setup = Setup(cfg=cfg, device=device, dataset=dataset, tokenizer=tokenizer, model_config=model_config,
                   model=model, forward=forward, optimizer=optimizer, scheduler=scheduler,
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
