@@ -221,9 +221,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_tracking_url(args: argparse.Namespace) -> int:
     from .config import TrackingConfig  # lazy: omegaconf (start-up)
-    from .tracking.store import resolve_uri  # lazy: requests (start-up)
+    from .tracking.store import resolve_uri, ui_url  # lazy: requests (start-up)
 
-    uri = resolve_uri(TrackingConfig(uri=args.tracking_uri))[0]
+    uri = args.tracking_uri or resolve_uri(TrackingConfig())[0]  # the flag wins over MLFLOW_TRACKING_URI
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        print(ui_url(uri))  # no store yet: no experiment to open, and nothing to create just to say so
+        return 0
     print(_ui_url(uri, None, args.run, args.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "maxout"))
     return 0
 

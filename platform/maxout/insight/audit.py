@@ -41,7 +41,7 @@ from typing import Any, Optional, Sequence
 from .. import hardware, loading, modeling
 from ..config import Config
 from ..data import Dataset
-from ..errors import ConfigError
+from ..errors import ConfigError, first_line
 from ..hardware import DeviceInfo
 from ..optimizations import accumulation, named
 from ..tracking.params import NOTE, device_params, note, run_name, show
@@ -250,7 +250,7 @@ class _Auditor:
             row.result = self.pair(cell_name(row.overrides), "lever", row.overrides)
             row.status = MEASURED
         except Exception as err:  # one lever that breaks must not lose the others: record it, go on
-            row.status, row.reason = FAILED, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+            row.status, row.reason = FAILED, f"{type(err).__name__}: {first_line(err)}"
             self.say(f"{row.name}: failed ({row.reason})")
 
     # ---------------------------------------------------------------------------------------------- run
@@ -320,7 +320,7 @@ class _Auditor:
             result = self.pair(f"best: {cell_name(overrides)}", "best", overrides)
         except Exception as err:  # noqa: BLE001 - reported, the single levers still stand
             return {"overrides": overrides, "levers": names, "measured": False, "name": "combination",
-                    "speedup": None, "reason": f"failed: {type(err).__name__}: {str(err).splitlines()[0]}"}
+                    "speedup": None, "reason": f"failed: {type(err).__name__}: {first_line(err)}"}
         return {**result, "overrides": overrides, "levers": names, "measured": True, "name": "combination"}
 
     def compile_payback(self, row: Assessment) -> dict:

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from .. import config as config_mod
 from ..config import Config
-from ..errors import ConfigError, one_of
+from ..errors import ConfigError, first_line, one_of
 from ..hardware import DeviceInfo
 from ..optimizations import ATTENTION, named
 from ..optimizations.dataloader import auto_workers
@@ -185,7 +185,7 @@ def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
     except ConfigError:
         raise
     except Exception as err:  # OmegaConf's own errors (a wrong type, an unknown key): one line
-        raise ConfigError(f"overrides {' '.join(overrides)!r} do not apply: {str(err).splitlines()[0]}") from None
+        raise ConfigError(f"overrides {' '.join(overrides)!r} do not apply: {first_line(err)}") from None
 
 
 @dataclass
