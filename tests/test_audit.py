@@ -5,6 +5,7 @@ the device cannot use carry the training run's own reason; the budget is respect
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import time
 
@@ -14,6 +15,7 @@ import torch
 
 from maxout import cli, config as config_mod, loading
 from maxout.insight import audit, breakdown, levers
+from maxout.tracking.tracker import closing, start
 from maxout.train import Callback, prepare, train
 
 from .conftest import TINY, runs_in
@@ -176,6 +178,11 @@ def test_audit_of_a_slow_config_finds_its_levers_and_recommends_a_faster_one(mlf
         ratios = [speed[mine[0]] / speed[mine[0] - 1], speed[mine[1]] / speed[mine[1] + 1]]
         assert statistics.median(ratios) == pytest.approx(lever["speedup"])
         assert [lever["speedup_after_current"], lever["speedup_before_current"]] == pytest.approx(ratios)
+    (current_child,) = [r for r in children.values() if r.data.tags["maxout.audit.role"] == "current"]
+    currents = [speed[i] for i, r in enumerate(trained) if r.data.tags["maxout.audit.role"] == "current"]
+    assert current["samples_per_s"] == pytest.approx(statistics.median(currents))
+    assert current_child.data.metrics["perf/steady_samples_per_s"] == pytest.approx(current["samples_per_s"])
+    assert current_child.data.metrics["breakdown/optimizer_share"] == pytest.approx(current["optimizer_share"])
     assert "| bucketing | measured |" in (out / "audit.md").read_text()
     assert "Verdict" in capsys.readouterr().out
 
@@ -209,3 +216,23 @@ def test_the_budget_stops_the_audit_and_names_the_levers_it_did_not_reach(cpu_de
     longest = max(run["wall_s"] for run in report["runs"])
     assert elapsed <= budget + longest, (elapsed, longest)
     assert "Not reached within the budget of 60 s" in (tmp_path / "audit.md").read_text()
+
+
+def test_a_run_still_going_when_the_budget_ends_is_stopped_and_ends_killed(mlflow_store, cpu_device):
+    """Estimates can be wrong (a compile on a busy machine): the audit's timer stops whatever runs at the end of
+    the budget, and the run is closed, not left RUNNING."""
+    cfg = loading.load([*TINY, *mlflow_store["overrides"], "train.max_steps=100000", "train.epochs=1000"],
+                       device=cpu_device)
+    handler = signal.getsignal(signal.SIGALRM)
+    began = time.monotonic()
+    with pytest.raises(audit.BudgetSpent):
+        tracker = start(cfg.tracking, run_name="long")
+        with closing(tracker), audit.budget_timer(3):
+            train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False)
+    assert time.monotonic() - began < 60  # stopped, not 100000 steps later
+    (run,) = runs_in(mlflow_store["uri"])
+    assert run.info.status == "KILLED"
+    assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with pytest.raises(audit.BudgetSpent):  # no time left: not even started
+        with audit.budget_timer(0):
+            pass

@@ -19,7 +19,10 @@ Within a time budget it measures the config as it stands (the same overrides as 
 
 Budget: each lever is started only when its estimated cost (three runs, timed from the runs so far, plus compile)
 fits what is left after a reserve for the best combination and the report; the levers that did not fit are
-listed as not reached. A budget below MIN_BUDGET_S is refused before anything runs.
+listed as not reached. An estimate can be wrong (a compile on a busy machine takes minutes longer than any
+prior), so every run after the first of the current config also runs under a timer set to the end of the budget
+(SIGALRM, in the main thread): when it rings the run is stopped (KILLED), the lever it belonged to is listed as
+not reached, and measuring ends there. A budget below MIN_BUDGET_S is refused before anything runs.
 
 MLflow: one parent run (tag ``maxout.audit``) holding the report (``audit/audit.md``, ``audit.json``, charts) and the
 markdown as its description (the run page shows it); a child run per measured lever, one for the current config
@@ -29,19 +32,22 @@ sequence and their role, so the pairs can be read back).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from .. import hardware, loading, modeling
 from ..config import Config
 from ..data import Dataset
-from ..errors import ConfigError, first_line
+from ..errors import ConfigError, Terminated, first_line
 from ..hardware import DeviceInfo
 from ..optimizations import accumulation, named
 from ..tracking.params import NOTE, device_params, note, run_name, show
@@ -61,6 +67,34 @@ MIN_GAIN = 1.02  # a lever joins the best combination only above this speed-up: 
 THROUGHPUT = "perf/steady_samples_per_s"
 VALIDATION_ROWS = 64  # each run still evaluates once at its end: on a few rows, it costs little of the budget
 MEASURED, NOT_REACHED, FAILED = "measured", "not reached", "failed"
+
+
+class BudgetSpent(Terminated):
+    """The audit's budget ran out in the middle of a run. Raised by its own timer in the main thread; a Terminated,
+    so the run is closed as KILLED, and a BaseException, so no library takes it for an error of its own and carries
+    on (compile falling back to eager, say)."""
+
+
+@contextlib.contextmanager
+def budget_timer(seconds: float) -> Iterator[None]:
+    """Raise BudgetSpent in this thread after ``seconds`` (right away when none are left). Signals reach only the
+    main thread: elsewhere the estimates alone keep the budget."""
+    if seconds <= 0:
+        raise BudgetSpent()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(signum: int, frame: Any) -> None:
+        raise BudgetSpent()
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def check_budget(budget_s: float, steps: int) -> None:
@@ -160,6 +194,7 @@ class _Auditor:
         self.runs: list[Run] = []
         self.parent: Optional[Tracker] = None
         self.current_child: Optional[Tracker] = None
+        self.spent = False  # the budget ran out mid-run: nothing more is measured
 
     # -------------------------------------------------------------------------------------------- clock
 
@@ -209,7 +244,9 @@ class _Auditor:
         tracker = start(cfg.tracking, run_name=name, parent_run_id=parent.run_id,
                         tags={"maxout.command": "audit-run", "maxout.audit.role": role,
                               "maxout.audit.position": str(position), **(tags or {})})
-        with closing(tracker):
+        # The first run of the current config always completes: without it there is nothing to compare with.
+        timer = budget_timer(self.left() - REPORT_RESERVE_S) if self.runs else contextlib.nullcontext()
+        with closing(tracker), timer:
             measured = benchmark.measure(cfg, self.device, self.dataset, tracker)
         run = Run(name, role, position, tracker.run_id, measured.metrics, time.monotonic() - began, measured.params)
         self.runs.append(run)
@@ -239,6 +276,9 @@ class _Auditor:
         return result
 
     def measure_lever(self, row: Assessment) -> None:
+        if self.spent:
+            row.status, row.reason = NOT_REACHED, "budget: spent before its turn"
+            return
         cost = self.cost(row.overrides)
         free = self.left() - REPORT_RESERVE_S - 3 * self.run_estimate()  # keep room for the best combination
         if cost > free:
@@ -246,9 +286,15 @@ class _Auditor:
             self.say(f"{row.name}: not reached ({row.reason})")
             return
         self.say(f"lever {row.name}: {' '.join(row.overrides)} (~{cost:.0f} s)")
+        began = time.monotonic()
         try:
             row.result = self.pair(cell_name(row.overrides), "lever", row.overrides)
             row.status = MEASURED
+        except BudgetSpent:
+            row.status, row.reason = NOT_REACHED, (f"budget: spent while it ran (estimated ~{cost:.0f} s, stopped "
+                                                   f"after {time.monotonic() - began:.0f} s)")
+            self.spent = True
+            self.say(f"{row.name}: stopped, the budget is spent")
         except Exception as err:  # one lever that breaks must not lose the others: record it, go on
             row.status, row.reason = FAILED, f"{type(err).__name__}: {first_line(err)}"
             self.say(f"{row.name}: failed ({row.reason})")
@@ -281,8 +327,7 @@ class _Auditor:
                 best = self.best(rows)
                 current = self.current_figures(probe)
                 self.current_child.log_params(self.currents[0].params)
-                self.current_child.log_metrics({k: v for k, v in current.items() if isinstance(v, (int, float))
-                                                and not isinstance(v, bool)}, step=0)
+                self.current_child.log_metrics(current_metrics(current), step=0)
             report = self.assemble(rows, best, current, probe)
             files = audit_report.write(report, out)
             for path in files.values():
@@ -311,13 +356,16 @@ class _Auditor:
             return {"overrides": overrides, "levers": names, "measured": False, "name": helped[0].name,
                     "speedup": helped[0].result["speedup"], "run_id": helped[0].result.get("run_id")}
         cost, free = self.cost(overrides), self.left() - REPORT_RESERVE_S
-        if cost > free:
+        if cost > free or self.spent:
             self.say(f"best combination not measured (budget: needs ~{cost:.0f} s)")
             return {"overrides": overrides, "levers": names, "measured": False, "name": "combination",
                     "speedup": None, "reason": f"budget: needs ~{cost:.0f} s, {max(free, 0):.0f} s left for it"}
         self.say(f"best combination: {' '.join(overrides)} (~{cost:.0f} s)")
         try:
             result = self.pair(f"best: {cell_name(overrides)}", "best", overrides)
+        except BudgetSpent:
+            return {"overrides": overrides, "levers": names, "measured": False, "name": "combination",
+                    "speedup": None, "reason": "budget: spent while it ran"}
         except Exception as err:  # noqa: BLE001 - reported, the single levers still stand
             return {"overrides": overrides, "levers": names, "measured": False, "name": "combination",
                     "speedup": None, "reason": f"failed: {type(err).__name__}: {first_line(err)}"}
@@ -464,16 +512,26 @@ def lever_entry(row: Assessment) -> dict:
     return entry
 
 
+CURRENT_METRICS = {"samples_per_s": THROUGHPUT, "tokens_per_s": "perf/steady_tokens_per_s", "mfu": "perf/mfu",
+                   "padding_efficiency": "perf/padding_efficiency", "gpu_utilization": "gpu/utilization_mean",
+                   "data_wait_share": "breakdown/data_wait_share", "optimizer_share": "breakdown/optimizer_share",
+                   "forward_backward_share": "breakdown/forward_backward_share", "step_ms": "breakdown/step_ms",
+                   "host_syncs_per_step": "breakdown/host_syncs_per_step", "peak_memory_gb": "mem/peak_gb",
+                   "headroom_gb": "mem/headroom_gb"}
+
+
+def current_metrics(current: dict) -> dict:
+    """The current config's figures under the run's metric names (medians of its runs, and the probe's)."""
+    return {metric: current[key] for key, metric in CURRENT_METRICS.items() if current.get(key) is not None}
+
+
 def summary_metrics(report: dict) -> dict:
-    verdict, current = report["verdict"], report["current"]
+    verdict = report["verdict"]
     statuses = [lever["status"] for lever in report["levers"]]
-    out = {"audit/share_of_best": verdict["share_of_best"], "audit/best_speedup": verdict["best_speedup"],
-           "audit/levers_measured": float(statuses.count(MEASURED)),
-           "audit/levers_not_reached": float(statuses.count(NOT_REACHED)), "audit/elapsed_s": report["elapsed_s"],
-           "perf/steady_samples_per_s": current["samples_per_s"]}
-    for key in ("data_wait_share", "optimizer_share", "forward_backward_share", "host_syncs_per_step"):
-        out[f"breakdown/{key}"] = current[key]
-    return {k: v for k, v in out.items() if v is not None}
+    return {"audit/share_of_best": verdict["share_of_best"], "audit/best_speedup": verdict["best_speedup"],
+            "audit/levers_measured": float(statuses.count(MEASURED)),
+            "audit/levers_not_reached": float(statuses.count(NOT_REACHED)), "audit/elapsed_s": report["elapsed_s"],
+            **current_metrics(report["current"])}
 
 
 def experiment_of(tracker: Tracker) -> Optional[str]:
