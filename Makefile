@@ -23,7 +23,7 @@ GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 OUT ?= benchmarks/out/gpu
 
 .PHONY: install run test test-fast ui clean lint image image-cpu image-base-cpu platform-up platform-down \
-	check-hardware benchmark gpu-wheels gpu-report
+	check-hardware benchmark audit gpu-wheels gpu-report
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,8 +49,10 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
-## ui: the MLflow UI on the embedded store
+## ui: the MLflow UI on the embedded store; it prints the address of the maxout experiment's runs table in the
+##   model-training view (MLflow 3 otherwise opens on its GenAI view, traces, empty for training runs)
 ui: install
+	@echo "maxout: open $$($(BIN)/maxout tracking url --tracking-uri sqlite:///mlflow.db)"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --default-artifact-root ./mlruns \
 	  --host 127.0.0.1 --port 5000
 
@@ -104,6 +106,11 @@ check-hardware: install
 ##   make benchmark ARGS='--grid "precision=fp32,bf16 compile=off,on" --steps 20 --out benchmarks/out'
 benchmark: install
 	$(BIN)/maxout benchmark $(ARGS)
+
+## audit: are we maxed out? the measured verdict for a config (the same overrides as train), within a budget
+##   make audit ARGS="model=tiny hardware.precision=fp32 --budget-s 300"
+audit: install
+	$(BIN)/maxout audit $(ARGS)
 
 clean:
 	rm -rf $(VENV) mlruns mlflow.db .pytest_cache build

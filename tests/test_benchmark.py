@@ -54,6 +54,9 @@ def test_a_2x2_grid_makes_4_child_runs_a_table_and_charts(mlflow_store, tmp_path
     assert logged == {"benchmark/benchmark.md", "benchmark/benchmark.csv", "benchmark/speedup.png",
                       "benchmark/memory.png"}
     assert "| bucketing=off fused_adamw=off |" in capsys.readouterr().out
+    # The parent's run page shows the table itself (its description), and its name says what it compared.
+    assert parent.data.tags["mlflow.note.content"] == markdown
+    assert parent.info.run_name == "benchmark tiny-cpu"
 
 
 def test_cells_the_device_cannot_honour_are_skipped_with_the_reason(cpu_device, tmp_path):

@@ -258,13 +258,15 @@ def test_min_delta_counts_small_gains_as_no_improvement_but_the_best_still_wins(
 
 
 def test_under_lora_only_the_adapter_and_head_are_kept(small_data, cpu_device):
+    from maxout import modeling
     from maxout.data import load
-    from maxout.modeling import load_tokenizer
-    from maxout.train.setup import build_model
+    from maxout.train.setup import build_model, plan_decisions
 
     cfg = loading.load([*BASE, *small_data, "tracking=none", "model.adapter=lora"], device=cpu_device)
     dataset = load(cfg.data)
-    _, model, _ = build_model(cfg, cpu_device, dataset, load_tokenizer(cfg.model), "fp32")
+    tokenizer = modeling.load_tokenizer(cfg.model)
+    config = modeling.build_config(cfg.model, dataset.label_names, len(tokenizer), tokenizer.pad_token_id)
+    model, _ = build_model(cfg, cpu_device, config, plan_decisions(cfg, cpu_device, modeling.model_class(config)))
     selection = ModelSelection(model, cfg.train, Path("/nonexistent"), keep_in="memory")
     assert selection.names and all("lora_" in n or "classifier" in n for n in selection.names)
     assert selection.nbytes < 0.2 * sum(p.numel() * p.element_size() for p in model.parameters())

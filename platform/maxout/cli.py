@@ -84,7 +84,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                                    "perf/steady_samples_per_s", "time/wall_s")}
     print("maxout: done " + " ".join(f"{k}={v:.4g}" for k, v in summary.items() if v is not None))
     if result.run_id:
-        print(f"maxout: MLflow run {result.run_id}; {_where_to_browse(cfg)}")
+        print(f"maxout: MLflow run {result.run_id}; {_where_to_browse(cfg, result.run_id)}")
     if cfg.registry.name:
         print(f"maxout: {promotion.register_train_result(cfg, result).summary()}")
     return 0
@@ -151,7 +151,8 @@ def cmd_hpo(args: argparse.Namespace) -> int:
         print(f"maxout: best trial {result.best.number}: {result.best.metric}={result.best.value:.4g} "
               + " ".join(f"{k}={v}" for k, v in result.best.params.items()))
     if result.parent_run_id:
-        print(f"maxout: MLflow parent run {result.parent_run_id}; browse it with `make ui`")
+        print(f"maxout: MLflow parent run {result.parent_run_id}; browse it with `make ui`, then "
+              f"{_ui_url(_used_uri(), None, result.parent_run_id)}")
     print(f"maxout: dashboard: optuna-dashboard {result.storage}")
     return 0
 
@@ -197,7 +198,44 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
                            steps=args.steps, repeats=args.repeats, out_dir=args.out, progress=not args.no_progress)
     print(report.markdown())
     print(f"maxout: table, CSV and charts in {report.files['markdown'].parent}"
-          + (f"; MLflow parent run {report.parent_run_id}" if report.parent_run_id else ""))
+          + (f"; MLflow parent run {report.parent_run_id}: browse it with `make ui`, then "
+             f"{_ui_url(_used_uri(), None, report.parent_run_id)}" if report.parent_run_id else ""))
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from rich.console import Console  # lazy: only the tables need it (start-up)
+
+    from .insight import audit, audit_report, levers  # lazy: torch, mlflow (start-up)
+
+    audit.check_budget(args.budget_s, args.steps)  # before the config: nothing is loaded for a budget that is no use
+    only = levers.parse_levers(args.levers)
+    cfg, device = _config_on_this_device(args)  # every bad override at once, as maxout train lists them
+    result = audit.audit(cfg, args.budget_s, args.out, steps=args.steps, only=only, device=device,
+                         overrides=split_overrides(args.overrides, args.overrides_string),
+                         progress=not args.no_progress)
+    url = _ui_url(_used_uri(), result.experiment_id) if result.parent_run_id else None
+    if args.json:
+        print(json.dumps(result.report, indent=2, default=str))
+    else:
+        console = Console()
+        for table in audit_report.render(result.report, url):
+            console.print(table)
+    print(f"maxout: audit.md, audit.json and charts in {result.files['markdown'].parent}"
+          + (f"; MLflow run {result.parent_run_id}: browse it with `make ui`, then {url}" if url else ""),
+          file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def cmd_tracking_url(args: argparse.Namespace) -> int:
+    from .config import TrackingConfig  # lazy: omegaconf (start-up)
+    from .tracking.store import resolve_uri, ui_url  # lazy: requests (start-up)
+
+    uri = args.tracking_uri or resolve_uri(TrackingConfig())[0]  # the flag wins over MLFLOW_TRACKING_URI
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        print(ui_url(uri))  # no store yet: no experiment to open, and nothing to create just to say so
+        return 0
+    print(_ui_url(uri, None, args.run, args.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "maxout"))
     return 0
 
 
@@ -216,16 +254,40 @@ def cmd_tracking_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _where_to_browse(cfg: Any) -> str:
+def _where_to_browse(cfg: Any, run_id: str) -> str:
     from .tracking import container  # lazy: a run has loaded these already (start-up of the rest)
-    from .tracking.redact import redact
     from .tracking.store import is_http, resolve_uri
 
     uri = resolve_uri(cfg.tracking)[0]
+    page = _ui_url(uri, None, run_id)
     if is_http(uri):
-        return f"browse it at {redact(uri)}"
+        return f"browse it at {page}"
     # Inside mlflow run's container the URI is the container's mount of your store: no use on the host.
-    return "browse it with `make ui`" + ("" if container.inside_mlflow_run() else f" (tracking URI: {uri})")
+    here = "" if container.inside_mlflow_run() else f", then {page} (tracking URI: {uri})"
+    return "browse it with `make ui`" + here
+
+
+def _ui_url(uri: str, experiment_id: Optional[str], run_id: Optional[str] = None,
+            experiment_name: str = "maxout") -> str:
+    """The MLflow UI page of a run, or of an experiment's runs table, in the model-training view."""
+    import mlflow  # lazy: a run has loaded it already; `maxout --help` must not (start-up)
+
+    from .tracking.store import ui_url  # lazy: requests (start-up)
+
+    client = mlflow.MlflowClient(uri)
+    if run_id and not experiment_id:
+        experiment_id = client.get_run(run_id).info.experiment_id
+    if experiment_id is None:
+        experiment = client.get_experiment_by_name(experiment_name)
+        experiment_id = experiment.experiment_id if experiment else None
+    return ui_url(uri, experiment_id, run_id)
+
+
+def _used_uri() -> str:
+    """The store the command's runs went to (the MLflow tracker set it)."""
+    import mlflow  # lazy: loaded by the command's runs already (start-up)
+
+    return mlflow.get_tracking_uri()
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
@@ -331,12 +393,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no per-cell progress lines")
     p.set_defaults(func=cmd_benchmark)
 
+    p = sub.add_parser("audit", help="are we maxed out? where the time goes, what each speed-up buys (measured), "
+                                     "and the fastest config, within a time budget")
+    _add_overrides(p)
+    p.add_argument("--budget-s", type=float, default=600.0, metavar="S",
+                   help="seconds to spend measuring (default 600; the levers that do not fit are listed as not "
+                        "reached)")
+    p.add_argument("--steps", type=int, default=20, metavar="N",
+                   help="steady-state optimizer steps per measured run (default 20)")
+    p.add_argument("--levers", default=None, metavar="NAMES",
+                   help="measure only these levers, e.g. precision,bucketing (the others are still listed)")
+    p.add_argument("--out", default=None, metavar="DIR", help="where audit.md, audit.json and the charts go "
+                                                              "(default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="print audit.json instead of the tables")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_audit)
+
     p = sub.add_parser("tracking", help="tracking utilities")
     tracking_sub = p.add_subparsers(dest="tracking_command", required=True, metavar="SUBCOMMAND")
     p = tracking_sub.add_parser("replay", help="send what a run spooled while its tracking server was away")
     p.add_argument("spool", nargs="*", help="spool files (default: every file in the spool folder, mlruns/spool/)")
     p.add_argument("--tracking-uri", default=None, help="where to send them (default: the URI the run used)")
     p.set_defaults(func=cmd_tracking_replay)
+    p = tracking_sub.add_parser("url", parents=[tracking_uri],
+                                help="the MLflow UI address of the experiment's runs table (or of --run), in the "
+                                     "model-training view (make ui prints it)")
+    p.add_argument("--experiment", default=None, metavar="NAME",
+                   help="the experiment (default: MLFLOW_EXPERIMENT_NAME, else maxout)")
+    p.add_argument("--run", default=None, metavar="RUN_ID", help="a run's page instead")
+    p.set_defaults(func=cmd_tracking_url)
     return parser
 
 

@@ -34,10 +34,10 @@ from ..config import Config
 from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
-from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, packing
+from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, named, packing
 from ..optimizations import precision as precision_opt, tf32
-from ..tracking.params import device_params
-from ..tracking.tracker import closing, start
+from ..tracking.params import NOTE, device_params, note, run_name
+from ..tracking.tracker import Tracker, closing, start
 from ..train import prepare, train
 from ..train.batch_finder import StepProbe
 from ..train.oom import free_cached
@@ -151,7 +151,7 @@ def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: O
     memory_source = "CUDA peak allocated" if device.is_cuda else "CPU peak tensor bytes of the worst step (eager)"
     out = Path(out_dir or tempfile.mkdtemp(prefix="maxout-benchmark-"))
     out.mkdir(parents=True, exist_ok=True)
-    parent = start(base.tracking, run_name=f"benchmark-{base.model.name}-{base.hardware.name}",
+    parent = start(base.tracking, run_name=f"benchmark {run_name(base)}",
                    tags={"maxout.command": "benchmark", "maxout.model": base.model.name,
                          "maxout.data": base.data.name, "maxout.hardware_profile": base.hardware.name})
     with closing(parent):
@@ -177,27 +177,21 @@ def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: O
                             "benchmark/best_speedup": max(speedups) if speedups else None})
         if baseline is not None:
             parent.set_tags({"maxout.benchmark_baseline": baseline.cell.name})
+        parent.set_tags({NOTE: note(files["markdown"].read_text(), "benchmark/benchmark.md")})  # the run page shows it
     return Report(rows, baseline, table, files, parent.run_id, memory_source)
 
 
 def _run_cell(row: Row, cfg: Config, device: DeviceInfo, dataset: Dataset, repeat: int, repeats: int) -> None:
-    _fresh_process_state(cfg, device)
     name = row.cell.name + (f" #{repeat + 1}" if repeats > 1 else "")
     child = start(cfg.tracking, run_name=name, nested=True, system_metrics=False,
                   tags={"maxout.command": "benchmark-cell", "maxout.cell": row.cell.name,
                         "maxout.repeat": str(repeat + 1)})
     try:
         with closing(child):  # FAILED with the reason, or KILLED on Ctrl-C (which also stops the grid)
-            result = train(cfg, tracker=child, progress=False, device=device, verbose=False, dataset=dataset)
-            metrics = dict(result.metrics)
-            if not device.is_cuda:
-                metrics["mem/peak_tensor_gb"] = _cpu_step_memory(result.setup, cfg)
-                child.log_metrics({"mem/peak_tensor_gb": metrics["mem/peak_tensor_gb"]},
-                                  step=result.setup.total_steps)
+            measured = measure(cfg, device, dataset, child)
             # each axis is named after the optimization decision it sets (optimizations.NAMES)
             fallbacks = [f"{axis}: {d.reason}" for axis, _ in row.cell.values
-                         if (d := result.setup.decision(axis)).changed]
-            del result
+                         if (d := named(measured.decisions, axis)).changed]
     except Exception as err:  # one broken cell must not lose the others: record it and go on
         row.status, row.reason = "failed", f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         return
@@ -205,7 +199,26 @@ def _run_cell(row: Row, cfg: Config, device: DeviceInfo, dataset: Dataset, repea
     if fallbacks:  # a setting fell back at build time: the cell did not measure what it names
         row.status, row.reason = "skipped", "; ".join(fallbacks)
         return
-    row.samples.append(metrics)
+    row.samples.append(measured.metrics)
+
+
+@dataclass
+class Measured:
+    metrics: dict  # the run's results, plus mem/peak_tensor_gb on a CPU
+    decisions: list  # the optimization decisions it ran with
+    params: dict  # what it logged as params (opt.*, cfg.*, device.*, derived.*)
+
+
+def measure(cfg: Config, device: DeviceInfo, dataset: Dataset, tracker: Tracker) -> Measured:
+    """One training run of ``cfg`` from a clean process state, logged to ``tracker`` (a run the caller opened and
+    closes): what it measured and what it ran with."""
+    _fresh_process_state(cfg, device)
+    result = train(cfg, tracker=tracker, progress=False, device=device, verbose=False, dataset=dataset)
+    metrics = dict(result.metrics)
+    if not device.is_cuda:
+        metrics["mem/peak_tensor_gb"] = cpu_step_memory(result.setup, cfg)
+        tracker.log_metrics({"mem/peak_tensor_gb": metrics["mem/peak_tensor_gb"]}, step=result.setup.total_steps)
+    return Measured(metrics, result.setup.decisions, result.params)
 
 
 def _fresh_process_state(cfg: Config, device: DeviceInfo) -> None:
@@ -216,7 +229,8 @@ def _fresh_process_state(cfg: Config, device: DeviceInfo) -> None:
     free_cached(device.torch_device)
 
 
-def _cpu_step_memory(setup: Setup, cfg: Config) -> float:
+def cpu_step_memory(setup: Setup, cfg: Config) -> float:
+    """GiB of tensors alive at the worst moment of one step on the longest rows, counted in eager mode."""
     # Count eager tensors (a compiled graph allocates outside the dispatcher); fast dropout's masks are its own.
     eager = setup.classifier  # the model, or it with per-sample pooling (packed batches need that)
     setup.forward = fast_dropout.apply(eager) if setup.decision("fast_dropout").effective else eager

@@ -9,9 +9,11 @@ from __future__ import annotations
 import torch
 
 
-def supported(model: torch.nn.Module) -> tuple[bool, str]:
+def supported(model: torch.nn.Module | type) -> tuple[bool, str]:
+    """``model`` or its class (transformers declares support on the class)."""
     if not getattr(model, "supports_gradient_checkpointing", False):
-        return False, f"{type(model).__name__} does not support gradient checkpointing"
+        name = model.__name__ if isinstance(model, type) else type(model).__name__
+        return False, f"{name} does not support gradient checkpointing"
     return True, ""
 
 

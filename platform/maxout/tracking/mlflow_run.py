@@ -93,6 +93,17 @@ class MLflowTracker:
         return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None,
                    upload_retry_s=cfg.upload_retry_s)
 
+    @classmethod
+    def start_child(cls, cfg: TrackingConfig, parent_run_id: str, run_name: Optional[str] = None,
+                    tags: Optional[Mapping[str, Any]] = None) -> "MLflowTracker":
+        """A child of ``parent_run_id``, created through the client: MLflow's fluent API nests only under the
+        active run, and a run that is not the active one is ended through the client too (close())."""
+        client = mlflow.MlflowClient()
+        experiment_id = client.get_run(parent_run_id).info.experiment_id
+        run = client.create_run(experiment_id, run_name=run_name, tags={
+            **{k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()}, "mlflow.parentRunId": parent_run_id})
+        return cls(run.info.run_id, nested=True, spool_dir=cfg.spool_dir)
+
     # -- logging
     def log_params(self, params: Mapping[str, Any]) -> None:
         fresh = {}

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -23,6 +24,12 @@ from ..errors import MaxoutError
 from ..paths import embedded_store
 from . import container
 from .redact import redact
+
+# Where `make ui` serves the MLflow UI for the embedded store (its --host and --port).
+UI_ADDRESS = "http://127.0.0.1:5000"
+# MLflow 3's UI opens on its GenAI view (traces) unless the address picks the model-training one; the choice is a
+# URL parameter of its own (workflowType, read by its experiment pages; checked on MLflow 3.17's UI bundle).
+TRAINING_VIEW = "workflowType=machine_learning"
 
 # What MLflow 3 accepts as a tracking store (a plain folder only with MLFLOW_ALLOW_FILE_STORE).
 STORE_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
@@ -113,3 +120,13 @@ def _quiet(*loggers: str) -> Iterator[None]:
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
+
+
+def ui_url(uri: str, experiment_id: Optional[str] = None, run_id: Optional[str] = None) -> str:
+    """The MLflow UI page of a run, or of an experiment's runs table, in the model-training view: on the tracking
+    server itself, or for the embedded store where ``make ui`` serves it."""
+    base = re.sub(r"://[^/@\s]*@", "://", uri).rstrip("/") if is_http(uri) else UI_ADDRESS  # no login in a link
+    if experiment_id is None:
+        return f"{base}/#/?{TRAINING_VIEW}"
+    page = f"runs/{run_id}" if run_id else "runs"
+    return f"{base}/#/experiments/{experiment_id}/{page}?{TRAINING_VIEW}"

@@ -72,13 +72,18 @@ class NullTracker:
 
 
 def start(cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
-          nested: bool = False, system_metrics: Optional[bool] = None, run_id: Optional[str] = None) -> Tracker:
+          nested: bool = False, system_metrics: Optional[bool] = None, run_id: Optional[str] = None,
+          parent_run_id: Optional[str] = None) -> Tracker:
     """A new run, or with ``run_id`` the continuation of that run (resume). The store was checked before a top-level
-    run starts (train/prepare.py runs preflight.store_problems); a nested run's parent passed the same checks."""
+    run starts (train/prepare.py runs preflight.store_problems); a nested run's parent passed the same checks.
+    ``nested``: a child of the active run. ``parent_run_id``: a child of that run, which need not be the active one
+    (``maxout audit`` keeps several children open and files each measurement under its own)."""
     if cfg.backend == "none":
         return NullTracker()
     from .mlflow_run import MLflowTracker  # lazy: mlflow takes 1.5 s to import, and tracking=none never needs it
 
+    if parent_run_id:
+        return MLflowTracker.start_child(cfg, parent_run_id, run_name=run_name, tags=tags)
     return MLflowTracker.start(cfg, run_name=run_name, tags=tags, nested=nested, system_metrics=system_metrics,
                                run_id=run_id)
 

@@ -29,7 +29,7 @@ from ..config import Config, to_dict
 from ..errors import MaxoutError, Terminated
 from ..optimizations import accumulation, lora
 from ..serving import inference
-from ..tracking.params import config_params, device_params
+from ..tracking.params import config_params, device_params, run_name
 from ..tracking.tracker import Tracker, closing, start
 from . import batch_finder, prepare, reports
 from .callbacks import Callback
@@ -169,7 +169,7 @@ def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Ca
     resuming.check_batch(micro_batch, accumulation.plan(cfg.train.target_effective_batch, micro_batch)[0])
     owned = tracker is None
     if owned:
-        tracker = start(cfg.tracking, run_name=f"{cfg.model.name}-{cfg.hardware.name}",
+        tracker = start(cfg.tracking, run_name=run_name(cfg),
                         tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
                               "maxout.model": cfg.model.name, "maxout.data": cfg.data.name,
                               "maxout.run_key": resuming.run_key},

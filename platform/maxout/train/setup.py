@@ -1,7 +1,9 @@
 """Build everything the loop needs, deciding and applying each optimization once, in a fixed order.
 
 Each decision (requested, effective, reason) is recorded in ``Setup.decisions``; nothing the device cannot
-honour is turned off silently.
+honour is turned off silently. The decisions that need nothing built are made in one place, ``plan_decisions``
+(the config, the device and the model's class are enough), which ``maxout audit`` also asks; the rest (adapter,
+frozen encoder, accumulation) need the loaded model or the micro-batch.
 """
 
 from __future__ import annotations
@@ -91,38 +93,56 @@ def resolve_micro_batch(cfg: Config) -> int:
     return int(batch)
 
 
-def backend_decisions(cfg: Config, device: DeviceInfo) -> list[Decision]:
-    """Process-wide switches, applied before the model exists (seed first: the head's init depends on it)."""
-    hw, tr = cfg.hardware, cfg.train
-    deterministic.seed_everything(tr.seed)
+def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type) -> list[Decision]:
+    """Every decision that needs nothing built, from the config, the device and the model's class alone. build()
+    applies these and never decides them again, and ``maxout audit`` asks this what a config would get on a device
+    without building anything: the reasons it lists are the very strings a run logs as ``opt.<name>.reason``."""
+    hw, tr, dc = cfg.hardware, cfg.train, cfg.data
     d_det = decide("deterministic", tr.deterministic, deterministic.supported(device))
-    deterministic.apply(d_det.effective)
     d_prec = precision_opt.resolve(hw.precision, device)
     d_tf32 = decide("tf32", hw.tf32, tf32.supported(device))
-    tf32.apply(d_tf32.effective)
     d_cudnn = decide("cudnn_benchmark", hw.cudnn_benchmark, cudnn_benchmark.supported(device, d_det.effective))
-    cudnn_benchmark.apply(d_cudnn.effective)
-    return [d_prec, d_tf32, d_cudnn, d_det]
+    d_attn = attention.resolve(hw.attn_implementation, model_class, device, d_prec.effective)
+    d_ckpt = decide("gradient_checkpointing", hw.gradient_checkpointing, gradient_checkpointing.supported(model_class))
+    _, d_loader = dataloader.resolve(hw, device)
+    d_pad = packing.resolve(dc.padding, model_class.config_class.model_type, d_attn.effective)
+    # Packing that fell back pads dynamically, with length bucketing whatever data.bucketing says.
+    d_bucket = (Decision("bucketing", dc.bucketing, True, "padding fell back from packed") if d_pad.changed
+                else decide("bucketing", dc.bucketing, bucketing.supported(d_pad.effective)))
+    d_fused = decide("fused_adamw", hw.fused_adamw, fused_adamw.supported(device))
+    d_clip = decide("grad_clipping", tr.max_grad_norm, grad_clipping.supported(tr.max_grad_norm), off=0.0)
+    d_compile = decide("compile", hw.compile, compile_opt.supported(device))
+    d_mode = (compile_opt.resolve_mode(hw.compile_mode, device, dc.padding == "max_length") if d_compile.effective
+              else Decision("compile_mode", hw.compile_mode, "none", "compile is off"))
+    d_dropout = decide("fast_dropout", hw.fast_dropout,
+                       fast_dropout.supported(device, d_compile.effective, d_ckpt.effective))
+    return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_fused, d_clip, d_compile,
+            d_mode, d_dropout]
 
 
-def build_model(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-                precision: str) -> tuple[Any, torch.nn.Module, list[Decision]]:
-    hw, mc = cfg.hardware, cfg.model
-    model_config = modeling.build_config(mc, dataset.label_names, len(tokenizer), tokenizer.pad_token_id)
-    d_attn = attention.resolve(hw.attn_implementation, modeling.model_class(model_config), device, precision)
-    model = modeling.load_model(mc, model_config, d_attn.effective)
+def apply_backend(cfg: Config, planned: list[Decision]) -> None:
+    """Process-wide switches, applied before the model exists (seed first: the head's init depends on it)."""
+    deterministic.seed_everything(cfg.train.seed)
+    deterministic.apply(named(planned, "deterministic").effective)
+    tf32.apply(named(planned, "tf32").effective)
+    cudnn_benchmark.apply(named(planned, "cudnn_benchmark").effective)
+
+
+def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: list[Decision]
+                ) -> tuple[torch.nn.Module, list[Decision]]:
+    mc = cfg.model
+    model = modeling.load_model(mc, model_config, named(planned, "attention").effective)
 
     d_adapter = decide("adapter", mc.adapter, lora.supported(mc.adapter), off="none")
     d_freeze = decide("freeze_encoder", mc.freeze_encoder, freeze.supported(model, d_adapter.effective))
     if d_freeze.effective:
         freeze.apply(model)
-    d_ckpt = decide("gradient_checkpointing", hw.gradient_checkpointing, gradient_checkpointing.supported(model))
-    if d_ckpt.effective:  # before peft wraps the model: checkpointing lives on the transformers module
+    if named(planned, "gradient_checkpointing").effective:  # before peft wraps it: it lives on the transformers module
         gradient_checkpointing.apply(model)
     if d_adapter.effective != "none":
         targets = lora.target_modules(model, mc.lora_target_modules)
         model = lora.apply(model, d_adapter.effective, mc.lora_r, mc.lora_alpha, mc.lora_dropout, targets)
-    return model_config, model.to(device.torch_device), [d_attn, d_ckpt, d_freeze, d_adapter]
+    return model.to(device.torch_device), [d_freeze, d_adapter]
 
 
 def build_classifier(cfg: Config, model: torch.nn.Module, packed: bool) -> torch.nn.Module:
@@ -143,28 +163,29 @@ Encode = Callable[[Any, data_mod.Table, int], data_mod.Encoded]  # data.encode, 
 
 
 def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any, micro_batch: int,
-                  model_config: Any, attn_implementation: str, encode: Encode = data_mod.encode
-                  ) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
+                  model_config: Any, planned: list[Decision], encode: Encode = data_mod.encode
+                  ) -> tuple[Any, Any, bucketing.EpochBatchSampler]:
     dc = cfg.data
     train_enc = encode(tokenizer, dataset.train, dc.max_length)
     eval_enc = encode(tokenizer, dataset.validation, dc.max_length)
-    d_pad = packing.resolve(dc.padding, model_config.model_type, attn_implementation)
-    # Packing that fell back pads dynamically, with length bucketing whatever data.bucketing says.
-    d_bucket = (Decision("bucketing", dc.bucketing, True, "padding fell back from packed") if d_pad.changed
-                else decide("bucketing", dc.bucketing, bucketing.supported(d_pad.effective)))
     collate = build_collator(cfg, device, tokenizer)
-    settings, d_loader = dataloader.resolve(cfg.hardware, device)
-    if d_pad.effective == "packed":
+    settings = loader_settings(planned)
+    if named(planned, "padding").effective == "packed":
         budget = packing.token_budget(dc.max_tokens_per_batch, micro_batch, train_enc.lengths)
         sampler, packed_collate = packing.apply(train_enc.lengths, budget, cfg.train.seed, packing.position_start(
             model_config.model_type, model_config.pad_token_id))
         train_loader = dataloader.apply(train_enc, sampler, packed_collate, settings)
     else:
-        sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
-                                  dc.bucket_batches)
+        sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed,
+                                  named(planned, "bucketing").effective, dc.bucket_batches)
         train_loader = dataloader.apply(train_enc, sampler, collate, settings)
     eval_loader = _eval_loader(eval_enc, micro_batch, collate, settings)
-    return train_loader, eval_loader, sampler, d_loader + [d_bucket, d_pad]
+    return train_loader, eval_loader, sampler
+
+
+def loader_settings(planned: list[Decision]) -> dataloader.LoaderSettings:
+    return dataloader.LoaderSettings(*(named(planned, n).effective for n in (
+        "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")))
 
 
 def _eval_loader(enc: data_mod.Encoded, micro_batch: int, collate: Any, settings: Any) -> Any:
@@ -176,58 +197,49 @@ def _eval_loader(enc: data_mod.Encoded, micro_batch: int, collate: Any, settings
 
 def split_loader(s: Setup, table: data_mod.Table, encode: Encode = data_mod.encode) -> Any:
     """An evaluation loader for another split (the test set), built like the validation loader."""
-    settings, _ = dataloader.resolve(s.cfg.hardware, s.device)
     return _eval_loader(encode(s.tokenizer, table, s.cfg.data.max_length), s.micro_batch,
-                        build_collator(s.cfg, s.device, s.tokenizer), settings)
+                        build_collator(s.cfg, s.device, s.tokenizer), loader_settings(s.decisions))
 
 
-def build_optimizer(cfg: Config, device: DeviceInfo, model: torch.nn.Module, total_steps: int
-                    ) -> tuple[torch.optim.Optimizer, Any, list[Decision]]:
+def build_optimizer(cfg: Config, model: torch.nn.Module, total_steps: int, planned: list[Decision]
+                    ) -> tuple[torch.optim.Optimizer, Any]:
     tr = cfg.train
-    d_fused = decide("fused_adamw", cfg.hardware.fused_adamw, fused_adamw.supported(device))
-    optimizer = fused_adamw.apply(model, tr.lr, tr.weight_decay, d_fused.effective)
+    optimizer = fused_adamw.apply(model, tr.lr, tr.weight_decay, named(planned, "fused_adamw").effective)
     warmup = int(tr.warmup_ratio * total_steps)
     name = {"constant": "constant_with_warmup"}.get(tr.schedule, tr.schedule)
     scheduler = get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
-    d_clip = decide("grad_clipping", tr.max_grad_norm, grad_clipping.supported(tr.max_grad_norm), off=0.0)
-    return optimizer, scheduler, [d_fused, d_clip]
+    return optimizer, scheduler
 
 
-def build_compile(cfg: Config, device: DeviceInfo, model: torch.nn.Module) -> tuple[Callable, list[Decision]]:
-    hw = cfg.hardware
-    d_compile = decide("compile", hw.compile, compile_opt.supported(device))
-    static = cfg.data.padding == "max_length"
-    d_mode = compile_opt.resolve_mode(hw.compile_mode, device, static)
-    if not d_compile.effective:
-        return model, [d_compile, Decision("compile_mode", hw.compile_mode, "none", "compile is off")]
+def build_compile(cfg: Config, model: torch.nn.Module, planned: list[Decision]) -> Callable:
+    if not named(planned, "compile").effective:
+        return model
     # Dynamic padding changes the sequence length every batch: mark shapes dynamic up front (one compile).
-    return compile_opt.apply(model, d_mode.effective, dynamic=None if static else True), [d_compile, d_mode]
+    static = cfg.data.padding == "max_length"
+    return compile_opt.apply(model, named(planned, "compile_mode").effective, dynamic=None if static else True)
 
 
 def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
           micro_batch: Optional[int] = None, encode: Encode = data_mod.encode) -> Setup:
     micro_batch = micro_batch or resolve_micro_batch(cfg)
-    decisions = backend_decisions(cfg, device)
-    prec = named(decisions, "precision").effective
+    model_config = modeling.build_config(cfg.model, dataset.label_names, len(tokenizer), tokenizer.pad_token_id)
+    decisions = plan_decisions(cfg, device, modeling.model_class(model_config))
+    apply_backend(cfg, decisions)
     started = time.perf_counter()
-    model_config, model, d_model = build_model(cfg, device, dataset, tokenizer, prec)
+    model, d_model = build_model(cfg, device, model_config, decisions)
     loaded = time.perf_counter()
-    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch,
-                                                               model_config, named(d_model, "attention").effective,
-                                                               encode)
+    train_loader, eval_loader, sampler = build_loaders(cfg, device, dataset, tokenizer, micro_batch, model_config,
+                                                       decisions, encode)
     timings = {"time/model_load_s": loaded - started, "time/tokenize_s": time.perf_counter() - loaded}
-    classifier = build_classifier(cfg, model, named(d_data, "padding").effective == "packed")
+    classifier = build_classifier(cfg, model, named(decisions, "padding").effective == "packed")
     accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch)
     _, total = planned_steps(sampler.batches_in_epoch, accum_steps, cfg.train)
-    optimizer, scheduler, d_optim = build_optimizer(cfg, device, model, total)
-    forward, d_compile = build_compile(cfg, device, classifier)
-    decisions += d_model + d_data + [d_accum] + d_optim + d_compile
-    d_dropout = decide("fast_dropout", cfg.hardware.fast_dropout,
-                       fast_dropout.supported(device, named(decisions, "compile").effective,
-                                              named(decisions, "gradient_checkpointing").effective))
-    if d_dropout.effective:
+    optimizer, scheduler = build_optimizer(cfg, model, total, decisions)
+    forward = build_compile(cfg, classifier, decisions)
+    if named(decisions, "fast_dropout").effective:
         forward = fast_dropout.apply(forward)
-    decisions.append(d_dropout)
+    decisions += d_model + [d_accum]
+    prec = named(decisions, "precision").effective
     setup = Setup(cfg=cfg, device=device, dataset=dataset, tokenizer=tokenizer, model_config=model_config,
                   model=model, forward=forward, classifier=classifier, optimizer=optimizer, scheduler=scheduler,
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,

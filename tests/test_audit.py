@@ -1,0 +1,238 @@
+"""maxout audit: on a deliberately slow config (fp32, no bucketing, fused AdamW off) it finds those levers, measures
+them as paired runs, recommends a config that really is faster, and its report agrees with its MLflow runs; levers
+the device cannot use carry the training run's own reason; the budget is respected; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import time
+
+import mlflow
+import pytest
+import torch
+
+from maxout import cli, loading
+from maxout.insight import audit, breakdown, levers
+from maxout.tracking.tracker import closing, start
+from maxout.train import Callback, prepare, train
+
+from .conftest import TINY, runs_in
+
+SLOW = ["hardware=cpu", "model=tiny", "hardware.precision=fp32", "data.bucketing=false", "hardware.fused_adamw=false"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a machine shared with other jobs, two spinning OpenMP threads can take ten times
+    the CPU of one for the same step, which would swamp the differences these tests measure."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_levers_the_device_cannot_use_carry_the_training_runs_reason(cpu_device):
+    asked = ["hardware.tf32=true", "hardware.pin_memory=true", "hardware.cudnn_benchmark=true",
+             "hardware.attn_implementation=flash_attention_2"]
+    result = train(loading.load([*TINY, *asked], device=cpu_device), progress=False, device=cpu_device, verbose=False)
+    rows = {r.name: r for r in audit.plan_levers(loading.load(TINY, device=cpu_device), cpu_device)}
+    for lever, param in [("tf32", "tf32"), ("pin_memory", "pin_memory"), ("cudnn_benchmark", "cudnn_benchmark"),
+                         ("flash_attention", "attention")]:
+        row = rows[lever]
+        assert (row.status, row.decision) == (levers.CANNOT_USE, param), lever
+        assert row.reason == result.params[f"opt.{param}.reason"], lever  # the same string, from the same code
+    if cpu_device.compiler:  # without a C compiler, compile itself is what cannot be used
+        assert (rows["cuda_graphs"].status, rows["cuda_graphs"].decision) == (levers.CANNOT_USE, "compile_mode")
+        assert rows["cuda_graphs"].reason == "CUDA graphs need a CUDA device"
+
+
+def test_levers_in_use_and_skipped_say_why(cpu_device):
+    rows = {r.name: r for r in audit.plan_levers(loading.load(TINY, device=cpu_device), cpu_device)}
+    assert rows["fast_dropout"].status == levers.IN_USE  # the CPU profile has it
+    assert rows["micro_batch"].status == levers.IN_USE and "no accumulation" in rows["micro_batch"].reason
+    assert rows["gradient_checkpointing"].status == levers.SKIPPED and "memory does not bind" in \
+        rows["gradient_checkpointing"].reason
+    assert rows["no_dropout"].lever.cost and rows["deterministic"].lever.cost  # never recommended silently
+    slow = {r.name: r for r in audit.plan_levers(loading.load(SLOW, device=cpu_device), cpu_device,
+                                                 only=("bucketing",))}
+    assert slow["bucketing"].status == levers.MEASURE and slow["bucketing"].overrides == ("data.bucketing=true",)
+    assert slow["fused_adamw"].status == levers.SKIPPED and slow["fused_adamw"].reason == "not among --levers"
+
+
+def test_packing_is_a_lever_unless_the_config_packs_already(cpu_device):
+    cfg = loading.load(TINY, device=cpu_device)
+    (row,) = [r for r in audit.plan_levers(cfg, cpu_device) if r.name == "packing"]
+    assert (row.status, row.overrides) == (levers.MEASURE, ("data.padding=packed",))  # BERT keeps packed rows apart
+    packed = loading.load([*TINY, "data.padding=packed"], device=cpu_device)
+    (row,) = [r for r in audit.plan_levers(packed, cpu_device) if r.name == "packing"]
+    assert row.status == levers.IN_USE and "data.padding=packed already" in row.reason
+
+
+def test_the_breakdown_counts_the_loops_loss_read_at_its_true_rate(cpu_device, one_thread):
+    cfg = loading.load([*TINY, "train.max_steps=-1"], device=cpu_device)
+    checked = prepare.check(cfg)
+
+    def probe(log_every):
+        run_cfg = levers.with_overrides(cfg, [f"train.log_every={log_every}"])
+        return breakdown.probe(run_cfg, cpu_device, checked.dataset, checked.tokenizer, 16, steps=4)
+
+    every_step, every_fourth = probe(1), probe(4)
+    # The model's own host reads (transformers checks its padding mask once per forward) are the same in both:
+    # the difference is the loop's loss read, once per log interval.
+    assert every_step.host_syncs_per_step - every_fourth.host_syncs_per_step == pytest.approx(1 - 1 / 4)
+    assert every_fourth.sync_steps % 4 == 0 and every_fourth.host_syncs_per_step >= 0.25
+    shares = every_step.shares()
+    assert sum(shares.values()) == pytest.approx(1.0) and 0 < shares["optimizer"] < 1
+    assert 0 <= shares["data_wait"] < 1 and every_step.step_ms > 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--budget-s", "10"], "--budget-s=10 is too small to measure anything"),
+    (["--steps", "0"], "--steps=0 must be >= 1"),
+    (["--levers", "precison"], "unknown lever 'precison' (valid: precision, bucketing,"),
+    (["train.lr=-1", "train.epochs=0"], None),  # the same as maxout train says
+])
+def test_bad_input_is_one_line_and_leaves_no_run(args, message, mlflow_store, capsys):
+    code = cli.main(["audit", "model=tiny", *mlflow_store["overrides"], *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("maxout: error: ") and "\n" not in err, err
+    if message is None:
+        cli.main(["train", "model=tiny", *mlflow_store["overrides"], *args])
+        message = capsys.readouterr().err.strip().removeprefix("maxout: error: ")
+        assert message.startswith("2 problems: train.epochs=0 must be >= 1; train.lr=-1.0 must be > 0")
+    assert message in err, err
+    assert runs_in(mlflow_store["uri"]) == []
+
+
+class SteadyCpu(Callback):
+    """CPU seconds of this process over the steady steps (after the warm-up): the work a step costs, which other
+    jobs on a shared machine do not inflate the way they inflate wall time."""
+
+    def __init__(self, warmup: int):
+        self.warmup, self.began, self.cpu_s, self.steps = warmup, None, 0.0, 0
+
+    def on_step_end(self, state) -> None:
+        if state.step == self.warmup:
+            self.began = time.process_time()
+        elif self.began is not None:
+            self.cpu_s, self.steps = time.process_time() - self.began, state.step - self.warmup
+
+
+def samples_per_cpu_s(overrides, cpu_device, dataset):
+    cfg = loading.load([*overrides, "tracking=none", "train.max_steps=23", "train.epochs=100"], device=cpu_device)
+    meter = SteadyCpu(cfg.train.warmup_steps_excluded)
+    result = train(cfg, callbacks=[meter], progress=False, device=cpu_device, verbose=False, dataset=dataset)
+    return meter.steps * result.setup.micro_batch / meter.cpu_s, result.metrics["perf/steady_samples_per_s"]
+
+
+@pytest.mark.slow
+def test_audit_of_a_slow_config_finds_its_levers_and_recommends_a_faster_one(mlflow_store, tmp_path, cpu_device,
+                                                                              one_thread, capsys):
+    out = tmp_path / "audit"
+    chosen = "precision,bucketing,fused_adamw"
+    code = cli.main(["audit", *SLOW, *mlflow_store["overrides"], "--levers", chosen, "--steps", "10",
+                     "--budget-s", "900", "--out", str(out), "--no-progress"])
+    assert code == 0
+    report = json.loads((out / "audit.json").read_text())
+    rows = {lever["name"]: lever for lever in report["levers"]}
+    # Each of the slow config's levers is found: measured, or (bf16 on a CPU without it) listed with the reason.
+    assert rows["bucketing"]["status"] == rows["fused_adamw"]["status"] == "measured"
+    assert rows["precision"]["status"] == ("measured" if cpu_device.bf16 else "cannot use")
+    # Bucketing on the demo's length mix: random batches pad 2.3x more tokens than bucketed ones.
+    assert rows["bucketing"]["speedup"] > 1.0
+    assert rows["tf32"]["status"] == "cannot use" and rows["tf32"]["reason"] == "no CUDA device"
+    assert rows["compile"]["status"] == "skipped" and rows["compile"]["reason"] == "not among --levers"
+    verdict = report["verdict"]
+    assert "data.bucketing=true" in verdict["overrides"].split() and 0 < verdict["share_of_best"] < 1
+    assert verdict["text"].startswith(f"you are at {verdict['share_of_best']:.0%} of the fastest configuration")
+    current = report["current"]
+    assert 0 < current["padding_efficiency"] < 1 and current["samples_per_s"] > 0 and current["mfu"] is None
+    assert 0 < current["optimizer_share"] < 1 and current["host_syncs_per_step"] > 0
+    assert current["peak_memory_gb"] > 0 and current["headroom_gb"] > 0
+
+    # The report's figures agree with the MLflow runs: each measured lever's child run carries its figures, and
+    # its training runs, paired with the current config's neighbouring runs, give the same speed-up.
+    runs = runs_in(mlflow_store["uri"])
+    (parent,) = [r for r in runs if r.data.tags.get("maxout.audit") == "true"]
+    assert parent.data.tags["mlflow.note.content"].startswith(f"**Verdict: {verdict['text']}.**")
+    assert parent.data.metrics["audit/share_of_best"] == pytest.approx(verdict["share_of_best"])
+    logged = {a.path for a in mlflow.MlflowClient(mlflow_store["uri"]).list_artifacts(parent.info.run_id, "audit")}
+    assert logged == {"audit/audit.md", "audit/audit.json", "audit/speedup.png", "audit/breakdown.png"}
+    assert all((out / png).read_bytes()[:8] == PNG for png in ("speedup.png", "breakdown.png"))
+    children = {r.info.run_id: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    trained = sorted((r for r in runs if r.data.tags.get("maxout.command") == "audit-run"),
+                     key=lambda r: int(r.data.tags["maxout.audit.position"]))
+    speed = [r.data.metrics["perf/steady_samples_per_s"] for r in trained]
+    assert [r.info.run_id for r in trained] == [r["run_id"] for r in report["runs"]]
+    for lever in (r for r in report["levers"] if r["status"] == "measured"):
+        child = children[lever["run_id"]]
+        assert child.data.metrics["audit/speedup"] == pytest.approx(lever["speedup"])
+        assert child.data.params["audit.overrides"] == lever["overrides"]
+        mine = [i for i, r in enumerate(trained) if r.data.tags["mlflow.parentRunId"] == lever["run_id"]]
+        assert len(mine) == 2 and mine[1] == mine[0] + 1  # current, lever, lever, current
+        assert {trained[mine[0] - 1].data.tags["maxout.audit.role"],
+                trained[mine[1] + 1].data.tags["maxout.audit.role"]} == {"current"}
+        ratios = [speed[mine[0]] / speed[mine[0] - 1], speed[mine[1]] / speed[mine[1] + 1]]
+        assert statistics.median(ratios) == pytest.approx(lever["speedup"])
+        assert [lever["speedup_after_current"], lever["speedup_before_current"]] == pytest.approx(ratios)
+    (current_child,) = [r for r in children.values() if r.data.tags["maxout.audit.role"] == "current"]
+    currents = [speed[i] for i, r in enumerate(trained) if r.data.tags["maxout.audit.role"] == "current"]
+    assert current["samples_per_s"] == pytest.approx(statistics.median(currents))
+    assert current_child.data.metrics["perf/steady_samples_per_s"] == pytest.approx(current["samples_per_s"])
+    assert current_child.data.metrics["breakdown/optimizer_share"] == pytest.approx(current["optimizer_share"])
+    assert "| bucketing | measured |" in (out / "audit.md").read_text()
+    assert "Verdict" in capsys.readouterr().out
+
+    # The recommendation, run afterwards, is faster than the config it started from: paired, both orders, in
+    # samples per CPU-second of the steady steps (the machine is shared: other jobs stretch wall time by tens of
+    # percent from run to run, CPU time much less). Bucketing alone cuts the processed tokens 2.3x on the demo's
+    # length mix; a margin of 1.3x leaves that room to spare and still fails if the recommendation did nothing.
+    recommended = [*SLOW, *verdict["overrides"].split()]
+    dataset = prepare.check(loading.load(SLOW, device=cpu_device)).dataset
+    order = [SLOW, recommended, recommended, SLOW]
+    measured = [samples_per_cpu_s(o, cpu_device, dataset) for o in order]
+    cpu_ratio = statistics.median([measured[1][0] / measured[0][0], measured[2][0] / measured[3][0]])
+    wall_ratio = statistics.median([measured[1][1] / measured[0][1], measured[2][1] / measured[3][1]])
+    print(f"recommended vs starting config: {cpu_ratio:.2f}x per CPU-second, {wall_ratio:.2f}x wall")
+    assert cpu_ratio > 1.3, (cpu_ratio, wall_ratio)
+
+
+@pytest.mark.slow
+def test_the_budget_stops_the_audit_and_names_the_levers_it_did_not_reach(cpu_device, tmp_path, one_thread):
+    budget = audit.MIN_BUDGET_S
+    started = time.monotonic()
+    report = audit.run_audit([*SLOW, "tracking=none"], budget_s=budget, out_dir=str(tmp_path), steps=5,
+                             device=cpu_device, progress=False)
+    elapsed = time.monotonic() - started
+    unreached = [r for r in report["levers"] if r["status"] == "not reached"]
+    assert unreached and report["verdict"]["not_reached"] == [r["name"] for r in unreached]
+    assert "compile" in report["verdict"]["not_reached"]  # minutes of compiling never fit a minute's budget
+    assert all(r["reason"].startswith("budget: needs ~") for r in unreached)
+    # A lever starts only when its estimate (three runs, timed from the runs so far) fits what is left: the audit
+    # overruns by at most what one run's estimate missed (set-up and the report come out of the reserve).
+    longest = max(run["wall_s"] for run in report["runs"])
+    assert elapsed <= budget + longest, (elapsed, longest)
+    assert "Not reached within the budget of 60 s" in (tmp_path / "audit.md").read_text()
+
+
+def test_a_run_still_going_when_the_budget_ends_is_stopped_and_ends_killed(mlflow_store, cpu_device):
+    """Estimates can be wrong (a compile on a busy machine): the audit's timer stops whatever runs at the end of
+    the budget, and the run is closed, not left RUNNING."""
+    cfg = loading.load([*TINY, *mlflow_store["overrides"], "train.max_steps=100000", "train.epochs=1000"],
+                       device=cpu_device)
+    handler = signal.getsignal(signal.SIGALRM)
+    began = time.monotonic()
+    with pytest.raises(audit.BudgetSpent):
+        tracker = start(cfg.tracking, run_name="long")
+        with closing(tracker), audit.budget_timer(3):
+            train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False)
+    assert time.monotonic() - began < 60  # stopped, not 100000 steps later
+    (run,) = runs_in(mlflow_store["uri"])
+    assert run.info.status == "KILLED"
+    assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    with pytest.raises(audit.BudgetSpent):  # no time left: not even started
+        with audit.budget_timer(0):
+            pass
