@@ -65,8 +65,9 @@ def test_levers_in_use_and_skipped_say_why(cpu_device):
 def test_packing_is_a_lever_unless_the_config_packs_already(cpu_device):
     cfg = loading.load(TINY, device=cpu_device)
     (row,) = [r for r in audit.plan_levers(cfg, cpu_device) if r.name == "packing"]
-    assert (row.status, row.overrides) == (levers.MEASURE, ("data.padding=packed",))  # BERT keeps packed rows apart
-    packed = loading.load([*TINY, "data.padding=packed"], device=cpu_device)
+    assert (row.status, row.overrides) == (levers.MEASURE, ("data.padding=packed",
+                                                                "data.max_tokens_per_batch=auto"))  # BERT keeps packed rows apart
+    packed = loading.load([*TINY, "data.padding=packed", "data.max_tokens_per_batch=auto"], device=cpu_device)
     (row,) = [r for r in audit.plan_levers(packed, cpu_device) if r.name == "packing"]
     assert row.status == levers.IN_USE and "data.padding=packed already" in row.reason
 

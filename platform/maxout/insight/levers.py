@@ -88,7 +88,9 @@ def _packing(cfg: Config, ctx: Context) -> Target:
     # the reason a run would log as opt.padding.reason.
     if cfg.data.padding == "packed":
         return Target(status=IN_USE, note="data.padding=packed already")
-    return _try("data.padding=packed")
+    # auto: as many tokens per step as the current micro-batch carries on average (a fair comparison)
+    budget = cfg.data.max_tokens_per_batch or "auto"
+    return _try("data.padding=packed", f"data.max_tokens_per_batch={budget}")
 
 
 def _workers(cfg: Config, ctx: Context) -> Target:

@@ -53,14 +53,17 @@ class DivergenceWatch:
         new = self.first[0].eq(0) & ~torch.isfinite(values[1:]).all()
         self.first = torch.where(new, values, self.first)
 
-    def check(self, setup: Any, tracker: Tracker) -> None:
+    def check(self, setup: Any, tracker: Tracker, also: Optional[torch.Tensor] = None) -> Optional[float]:
         """Raise Diverged (and tag the run with the step) if a step was not finite. A host sync: call it only
-        where the loop syncs anyway."""
+        where the loop syncs anyway. ``also`` (a one-element tensor on the device, e.g. the summed training loss)
+        comes back in the same transfer, so a log step reads the loss and the record in one sync."""
         if self.first is None:
-            return
-        step, loss, norm = self.first.tolist()
+            return None if also is None else also.item()
+        values = self.first if also is None else torch.cat((self.first, also.reshape(1).to(self.first)))
+        step, loss, norm, *extra = values.tolist()
         if step:
             fail(int(step), f"loss {loss:.4g}, gradient norm {norm:.4g}", setup, tracker)
+        return extra[0] if extra else None
 
     def check_evaluation(self, metrics: dict, step: int, setup: Any, tracker: Tracker) -> None:
         """The last update can leave weights that no training step has run yet (``train.max_steps=1``): if they

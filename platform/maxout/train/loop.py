@@ -3,7 +3,7 @@
     on_train_start(state)
     for each epoch (from a restored state: the rest of its epoch, skipping the micro-batches it consumed):
         for each optimizer step (accum_steps micro-batches: forward, backward; then clip, step, zero_grad):
-            every log_every steps:  read loss (the one host sync), log metrics, check divergence
+            every log_every steps:  read the loss and the divergence record (the one host sync), log metrics
             at each evaluation step (evaluate.evaluation_steps: every eval_interval steps or eval_every_epochs
             of an epoch, and after the last step):  check divergence, evaluate -> on_evaluate(state, metrics)
             on_step_end(state)                # every step, after its logging: no host sync here
@@ -147,7 +147,8 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
                 state.first_step_s = time.perf_counter() - wall_start
             if state.step % tr.log_every == 0 or state.step == s.total_steps:
                 meter.mark()
-                state.train_loss = state.loss_sum.item() / state.loss_steps  # the host sync, once per interval
+                # The host sync, once per interval: the summed loss and the divergence record in one transfer.
+                state.train_loss = s.divergence.check(s, tracker, also=state.loss_sum) / state.loss_steps
                 state.loss_sum.zero_()
                 state.loss_steps = 0
                 rates = meter.window_rates()
@@ -155,7 +156,6 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
                                      "train/epoch": epoch + 1, **rates}, step=state.step)
                 bar.set_postfix(loss=f"{state.train_loss:.4f}",
                                 samples_s=f"{rates['perf/window_samples_per_s']:.1f}")
-                s.divergence.check(s, tracker)  # synced above already: reading the record costs nothing more
             if state.step in eval_steps:
                 run_eval()
             hooks.on_step_end(state)  # after the step's logging: a checkpoint here resumes without a gap
