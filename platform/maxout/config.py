@@ -446,6 +446,12 @@ class Config:
                     section.validate()
             _check(self.resume in (None, "auto") or bool(RUN_ID.match(str(self.resume))),
                    f"resume={self.resume!r} is invalid: use resume=auto or an MLflow run id (32 hex characters)")
+            registry_metric = self.registry.metric
+            if registry_metric not in EVAL_METRICS:
+                _check(False, f"registry.metric={registry_metric!r} is not a metric the trainer reports (valid: "
+                              f"{', '.join(EVAL_METRICS)})")
+                # train.select_best follows registry.metric by default: one problem, named where the user set it
+                found[:] = [p for p in found if not str(p).startswith(f"train.select_best={registry_metric!r}")]
         finally:
             _problems.reset(token)
         return _with_non_finite(self, found)
