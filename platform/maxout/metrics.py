@@ -185,11 +185,23 @@ class UtilizationSampler:
 
 def classification_metrics(preds: torch.Tensor, labels: torch.Tensor, num_labels: int) -> dict[str, torch.Tensor]:
     """Accuracy and macro-F1 as device tensors (the caller reads them in one sync)."""
-    accuracy = (preds == labels).float().mean()
-    f1s = []
-    for c in range(num_labels):
-        tp = ((preds == c) & (labels == c)).sum().float()
-        fp = ((preds == c) & (labels != c)).sum().float()
-        fn = ((preds != c) & (labels == c)).sum().float()
-        f1s.append(torch.where(tp > 0, 2 * tp / (2 * tp + fp + fn), torch.zeros_like(tp)))
-    return {"accuracy": accuracy, "macro_f1": torch.stack(f1s).mean()}
+    return scores_from_counts(classification_counts(preds, labels, num_labels), num_labels)
+
+
+def classification_counts(preds: torch.Tensor, labels: torch.Tensor, num_labels: int) -> torch.Tensor:
+    """[rows, correct, tp per class, fp per class, fn per class] as one float tensor: counts add up across shards
+    (data-parallel evaluation sums them over the ranks), accuracy and F1 do not."""
+    classes = torch.arange(num_labels, device=preds.device)
+    is_pred, is_label = preds[:, None] == classes, labels[:, None] == classes
+    return torch.cat([torch.stack([torch.tensor(float(labels.numel()), device=preds.device),
+                                   (preds == labels).sum().float()]),
+                      (is_pred & is_label).sum(0).float(), (is_pred & ~is_label).sum(0).float(),
+                      (~is_pred & is_label).sum(0).float()])
+
+
+def scores_from_counts(counts: torch.Tensor, num_labels: int) -> dict[str, torch.Tensor]:
+    """Accuracy and macro-F1 (a class with no true positive scores 0) from :func:`classification_counts`."""
+    rows, correct = counts[0], counts[1]
+    tp, fp, fn = counts[2:].view(3, num_labels)
+    f1 = torch.where(tp > 0, 2 * tp / (2 * tp + fp + fn).clamp(min=1), torch.zeros_like(tp))
+    return {"accuracy": correct / rows, "macro_f1": f1.mean()}

@@ -6,6 +6,12 @@ the data-loader position (epoch and micro-batches consumed in it: the sampler's 
 ``checkpoint.every_n_steps`` steps and at each epoch end, after that step's metrics are journaled, and keeps the
 last ``keep_last``. Writes are atomic (temp file in the same directory, fsync, rename): a kill at any moment
 leaves the previous checkpoint intact.
+
+Several processes (data parallel): saving is a collective, so every rank runs the Checkpointer; rank 0 alone writes.
+The checkpoint holds every rank's RNG states (``rng_ranks``; each rank's dropout differs), and with FSDP the full
+model and optimizer state gathered from the shards, so the file is the same as without FSDP. Every rank restores
+from the file rank 0 chose, each with its own RNG states; the data position is per rank (each rank's share of the
+epoch is a pure function of seed, epoch and rank).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 import torch
 
 from ..config import CheckpointConfig
+from ..optimizations import data_parallel
 from ..tracking.tracker import Tracker
 from .callbacks import Callback, TrainState
 from .setup import Setup
@@ -101,20 +108,28 @@ def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: di
     counters = {"step": state.step, "epoch": position[0], "batches_in_epoch": position[1],
                 "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
                 "eval_metrics": dict(state.eval_metrics)}
-    return {"format": FORMAT, **meta, "state": counters, "model": setup.model.state_dict(),
-            "optimizer": setup.optimizer.state_dict(), "scheduler": setup.scheduler.state_dict(),
-            "scaler": setup.precision.scaler.state_dict(), "rng": rng_states()}
+    model, optimizer = data_parallel.state_dicts(setup.model, setup.optimizer, _strategy(setup))  # FSDP: gathered
+    payload = {"format": FORMAT, **meta, "state": counters, "model": model, "optimizer": optimizer,
+               "scheduler": setup.scheduler.state_dict(), "scaler": setup.precision.scaler.state_dict(),
+               "rng": rng_states()}
+    if setup.world.size > 1:
+        payload["rng_ranks"] = setup.world.gather(payload["rng"])
+    return payload
 
 
 def restore(setup: Setup, payload: dict) -> TrainState:
     """Load a payload into a freshly built Setup; returns the TrainState that fit() continues from."""
-    setup.model.load_state_dict(payload["model"])
-    setup.optimizer.load_state_dict(payload["optimizer"])
+    data_parallel.load_state_dicts(setup.model, setup.optimizer, payload["model"], payload["optimizer"],
+                                   _strategy(setup))
     setup.scheduler.load_state_dict(payload["scheduler"])
     if payload["scaler"]:
         setup.precision.scaler.load_state_dict(payload["scaler"])
-    set_rng_states(payload["rng"])
+    set_rng_states(payload["rng_ranks"][setup.world.rank] if "rng_ranks" in payload else payload["rng"])
     return TrainState(total_steps=setup.total_steps, **payload["state"])
+
+
+def _strategy(setup: Setup) -> str:
+    return setup.decision("data_parallel").effective
 
 
 class Checkpointer(Callback):
@@ -134,9 +149,13 @@ class Checkpointer(Callback):
     def on_epoch_end(self, state: TrainState) -> None:
         self.save(state, (state.epoch + 1, 0))  # resumes at the start of the next epoch
 
-    def save(self, state: TrainState, position: tuple[int, int]) -> Path:
+    def save(self, state: TrainState, position: tuple[int, int]) -> Optional[Path]:
+        """Every rank calls this (gathering FSDP's shards and the ranks' RNG states is a collective); rank 0 writes."""
         self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
-        path = save_atomic(capture(self.setup, state, position, self.meta), self.directory / file_name(state.step))
+        payload = capture(self.setup, state, position, self.meta)
+        if not self.setup.world.is_main:
+            return None
+        path = save_atomic(payload, self.directory / file_name(state.step))
         for old in checkpoints(self.directory)[:-self.cfg.keep_last]:
             old.unlink(missing_ok=True)
         if self.cfg.log_to_mlflow:

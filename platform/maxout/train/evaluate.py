@@ -1,4 +1,6 @@
-"""Evaluation that accumulates on the device and syncs once, at the end.
+"""Evaluation that accumulates on the device and syncs once, at the end. With several processes each rank
+evaluates its share of the validation set and the counts are summed over the ranks before scoring, so every rank
+gets the metrics of the whole set.
 
 It runs the eager module even when training is compiled: a no-grad graph would be a second full compile
 (~20-40 s), while evaluation is a small share of the run.
@@ -10,7 +12,7 @@ import torch
 
 from ..config import EVAL_METRICS
 from ..data import MODEL_INPUTS
-from ..metrics import classification_metrics
+from ..metrics import classification_counts, scores_from_counts
 from .setup import Setup
 
 
@@ -29,7 +31,9 @@ def evaluate(s: Setup) -> dict[str, float]:
         preds.append(out.logits.argmax(dim=-1))
         labels.append(inputs["labels"])
     s.model.train()
-    preds_t, labels_t = torch.cat(preds), torch.cat(labels)
-    scores = classification_metrics(preds_t, labels_t, s.dataset.num_labels)
-    values = torch.stack([loss_sum / labels_t.numel(), scores["accuracy"], scores["macro_f1"]]).tolist()  # one sync
+    counts = torch.cat([loss_sum.reshape(1), classification_counts(torch.cat(preds), torch.cat(labels),
+                                                                   s.dataset.num_labels)])
+    counts = s.world.all_reduce(counts)  # every rank's share summed (a no-op in one process)
+    scores = scores_from_counts(counts[1:], s.dataset.num_labels)
+    values = torch.stack([counts[0] / counts[1], scores["accuracy"], scores["macro_f1"]]).tolist()  # one sync
     return dict(zip(EVAL_METRICS, values))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from transformers import get_scheduler
@@ -20,8 +20,9 @@ from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
-from ..optimizations import dataloader, deterministic, fast_dropout, freeze, fused_adamw, grad_clipping
-from ..optimizations import gradient_checkpointing, lora, precision as precision_opt, tf32
+from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
+from ..optimizations import grad_clipping, gradient_checkpointing, lora, precision as precision_opt, tf32
+from .distributed import SINGLE, World
 from .oom import OOMRecovery
 
 
@@ -46,9 +47,15 @@ class Setup:
     decisions: list = field(default_factory=list)
     derived: dict = field(default_factory=dict)
     oom: OOMRecovery = field(default_factory=OOMRecovery)  # halves the rows per forward on out-of-memory
+    world: World = SINGLE  # this process's place in the job (train/distributed.py)
+    parallel: Any = None  # DDP's wrapper, or the FSDP-sharded model; None in one process
 
     def decision(self, name: str) -> Decision:
         return named(self.decisions, name)
+
+    def gradient_sync(self, last: bool) -> ContextManager:
+        """Data parallel: gradients cross the network on the optimizer step's last backward only."""
+        return data_parallel.gradient_sync(self.parallel, last)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -116,8 +123,8 @@ def build_collator(cfg: Config, device: DeviceInfo, tokenizer: Any) -> data_mod.
     return data_mod.Collator(tokenizer.pad_token_id, dc.max_length if dc.padding == "max_length" else None, multiple)
 
 
-def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-                  micro_batch: int) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
+def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any, micro_batch: int,
+                  world: World = SINGLE) -> tuple[Any, Any, bucketing.EpochBatchSampler, list[Decision]]:
     dc = cfg.data
     train_enc = data_mod.encode(tokenizer, dataset.train, dc.max_length)
     eval_enc = data_mod.encode(tokenizer, dataset.validation, dc.max_length)
@@ -126,11 +133,10 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     collate = build_collator(cfg, device, tokenizer)
     settings, d_loader = dataloader.resolve(cfg.hardware, device)
     sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
-                              dc.bucket_batches)
+                              dc.bucket_batches, world.rank, world.size)  # this rank's share of each global batch
     train_loader = dataloader.apply(train_enc, sampler, collate, settings)
-    # Evaluation: no gradients, so twice the batch fits; rows in length order pad least (order is irrelevant).
-    eval_order = sorted(range(len(eval_enc)), key=eval_enc.lengths.__getitem__)
-    eval_batches = [eval_order[i:i + 2 * micro_batch] for i in range(0, len(eval_order), 2 * micro_batch)]
+    # Evaluation: no gradients, so twice the batch fits; each rank evaluates its share (metrics are all-reduced).
+    eval_batches = bucketing.eval_batches(eval_enc.lengths, 2 * micro_batch, world.rank, world.size)
     eval_loader = dataloader.apply(eval_enc, eval_batches, collate, settings)
     return train_loader, eval_loader, sampler, d_loader + [d_bucket, d_pad]
 
@@ -147,6 +153,15 @@ def build_optimizer(cfg: Config, device: DeviceInfo, model: torch.nn.Module, tot
     return optimizer, scheduler, [d_fused, d_clip]
 
 
+def build_parallel(cfg: Config, device: DeviceInfo, model: torch.nn.Module, world: World,
+                   precision: str) -> tuple[Optional[torch.nn.Module], Decision]:
+    """DDP or FSDP across the job's processes; before the optimizer, whose parameters FSDP replaces with shards."""
+    dc = cfg.distributed
+    d_parallel = data_parallel.resolve(dc.strategy, world.size, world.initialized, precision)
+    return data_parallel.apply(model, d_parallel.effective, device.torch_device, world.local_rank,
+                               dc.find_unused_parameters, dc.fsdp_reshard_after_forward), d_parallel
+
+
 def build_compile(cfg: Config, device: DeviceInfo, model: torch.nn.Module) -> tuple[Callable, list[Decision]]:
     hw = cfg.hardware
     d_compile = decide("compile", hw.compile, compile_opt.supported(device))
@@ -159,17 +174,20 @@ def build_compile(cfg: Config, device: DeviceInfo, model: torch.nn.Module) -> tu
 
 
 def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-          micro_batch: Optional[int] = None) -> Setup:
+          micro_batch: Optional[int] = None, world: World = SINGLE) -> Setup:
     micro_batch = micro_batch or resolve_micro_batch(cfg)
     decisions = backend_decisions(cfg, device)
     prec = named(decisions, "precision").effective
     model_config, model, d_model = build_model(cfg, device, dataset, tokenizer, prec)
-    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch)
-    accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch)
+    if world.size > 1:  # same initial weights on every rank (seeded alike above), then each rank its own dropout
+        deterministic.seed_everything(cfg.train.seed + world.rank)
+    train_loader, eval_loader, sampler, d_data = build_loaders(cfg, device, dataset, tokenizer, micro_batch, world)
+    accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch, world.size)
     _, total = planned_steps(len(train_loader), accum_steps, cfg.train)
+    parallel, d_parallel = build_parallel(cfg, device, model, world, prec)
     optimizer, scheduler, d_optim = build_optimizer(cfg, device, model, total)
-    forward, d_compile = build_compile(cfg, device, model)
-    decisions += d_model + d_data + [d_accum] + d_optim + d_compile
+    forward, d_compile = build_compile(cfg, device, parallel or model)
+    decisions += d_model + d_data + [d_accum] + d_optim + d_compile + [d_parallel]
     d_dropout = decide("fast_dropout", cfg.hardware.fast_dropout,
                        fast_dropout.supported(device, named(decisions, "compile").effective,
                                               named(decisions, "gradient_checkpointing").effective))
@@ -181,10 +199,13 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
                   eval_loader=eval_loader, sampler=sampler, micro_batch=micro_batch, accum_steps=accum_steps,
                   clip_norm=cfg.train.max_grad_norm if named(decisions, "grad_clipping").effective else 0.0,
-                  decisions=decisions)
+                  decisions=decisions, world=world, parallel=parallel,
+                  # one rank re-running a step alone would leave the others waiting at its all-reduce
+                  oom=OOMRecovery(enabled=world.size == 1))
     counts = modeling.count_parameters(model)
     setup.derived = {
-        "micro_batch": micro_batch, "accumulation_steps": accum_steps, "effective_batch": micro_batch * accum_steps,
+        "micro_batch": micro_batch, "accumulation_steps": accum_steps,
+        "effective_batch": micro_batch * accum_steps * world.size,
         "steps_per_epoch": setup.steps_per_epoch, "total_steps": setup.total_steps,
         "warmup_steps": int(cfg.train.warmup_ratio * setup.total_steps),
         "train_samples": len(dataset.train), "validation_samples": len(dataset.validation),
