@@ -250,7 +250,8 @@ def outcome(err: Optional[BaseException]) -> str:
     if isinstance(err, (Terminated, KeyboardInterrupt)):
         return f"stopped|{'SIGTERM' if isinstance(err, Terminated) else 'interrupted'}"
     kind = "broken" if is_collective_error(err) else "failed"
-    return f"{kind}|{type(err).__name__}: {first_line(err)}"[:1000]
+    # gloo's messages go on about where to look ("This is typically caused by ..."): the first sentence says it
+    return f"{kind}|{type(err).__name__}: {first_line(err).split('. This is typically')[0]}"[:1000]
 
 
 def is_collective_error(err: BaseException) -> bool:
@@ -264,13 +265,13 @@ def verdict(own: str, others: dict[int, Optional[str]], wait_s: float = REPORT_W
     """(run status, reason) for a job whose rank 0 ended with ``own`` while the other ranks left ``others``."""
     own_kind, own_text = own.split("|", 1)
     parsed = {r: v.split("|", 1) if v else None for r, v in others.items()}
-    failed = {r: text for r, v in parsed.items() if v and v[0] == "failed" for text in [v[1]]}
+    failed = {r: v[1] for r, v in parsed.items() if v and v[0] == "failed"}
     lost = sorted(r for r, v in parsed.items() if v is None)
     if own_kind == "failed":
         return "FAILED", f"rank 0 failed: {own_text}" + _also(failed)
     if failed:
-        first = min(failed)
-        return "FAILED", f"rank {first} failed: {failed[first]}" + _also({r: t for r, t in failed.items() if r != first})
+        first, *rest = sorted(failed)
+        return "FAILED", f"rank {first} failed: {failed[first]}" + _also({r: failed[r] for r in rest})
     if lost:
         ranks = ", ".join(map(str, lost))
         return "FAILED", (f"rank{'s' if len(lost) > 1 else ''} {ranks} lost: no word from "
