@@ -44,8 +44,10 @@ def test_each_rank_takes_its_share_of_the_batches_one_process_would_take_with_th
             sampler.set_epoch(epoch)
         shares = [r.batches() for r in ranks]
         assert len(shares[0]) == len(shares[1]) == len(ranks[0]) == len(ranks[1]) == len(one)
-        for whole, first, second in zip(one.batches(), *shares):
-            assert whole == first + second  # the same rows in the same step: what makes 2 x B equal 1 x 2B
+        for step, (whole, first, second) in enumerate(zip(one.batches(), *shares)):
+            # the same rows in the same step (what makes 2 x B equal 1 x 2B), each rank a contiguous half; which
+            # rank takes the longer half alternates
+            assert whole == (first + second if step % 2 == 0 else second + first)
         flat = [i for share in shares for batch in share for i in batch]
         assert sorted(flat) == list(range(len(lengths)))  # disjoint, and the whole epoch
 
@@ -391,3 +393,16 @@ def test_two_gloo_processes_reduce_agree_and_name_the_rank_that_failed():
     assert got[0]["log_point"] == (1.5, {"perf/window_samples_per_s": 20.0, "perf/window_it_per_s": 4.0})
     assert got[1]["error"] == "ValueError: bad batch on rank 1"
     assert got[0]["error"].startswith("RankFailed: rank 1 failed: ValueError: bad batch on rank 1"), got[0]["error"]
+
+
+def test_a_checkpoint_resumes_only_with_the_number_of_processes_that_wrote_it(tmp_path):
+    from maxout.errors import MaxoutError
+    from maxout.train import resume
+
+    plan = resume.Plan(cfg=None, run_key="k", run_id="r", checkpoint=tmp_path / "step-00000004.pt",
+                       payload={"micro_batch": 4, "accum_steps": 2, "world_size": 2})
+    plan.check_batch(4, 2, world_size=2)
+    with pytest.raises(MaxoutError, match="saved by 2 process\\(es\\), this job has 1: .* resume with 2 process"):
+        plan.check_batch(4, 2, world_size=1)
+    old = resume.Plan(cfg=None, run_key="k", payload={"micro_batch": 4, "accum_steps": 2})  # before world_size
+    old.check_batch(4, 2)

@@ -16,7 +16,9 @@ rows per batch, and each of those global batches is split into ``world_size`` co
 per rank. So every rank takes a whole length-sorted micro-batch of rows next to the other ranks' rows (no rank
 waits on a long batch while the others idle), the shares are disjoint and cover the epoch, every rank gets the same
 number of micro-batches (a global batch smaller than the world is left out), and a rank's order is a pure function
-of (seed, epoch, rank). ``token_imbalance`` measures what is left of the imbalance.
+of (seed, epoch, rank). Which rank takes the longest share rotates from one global batch to the next, so with
+gradient accumulation no rank sums the longest share of every micro-batch. ``token_imbalance`` measures what is
+left of the imbalance.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class EpochBatchSampler(torch.utils.data.Sampler):
         rank, world = self.rank if rank is None else rank, self.world_size
         if world == 1:
             return self.global_batches()
-        return [share(batch, rank, world) for batch in self.global_batches() if len(batch) >= world]
+        kept = [batch for batch in self.global_batches() if len(batch) >= world]
+        return [share(batch, (rank + i) % world, world) for i, batch in enumerate(kept)]
 
     def indices(self) -> list[int]:
         return [i for batch in self.batches() for i in batch]
