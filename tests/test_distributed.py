@@ -406,3 +406,17 @@ def test_a_checkpoint_resumes_only_with_the_number_of_processes_that_wrote_it(tm
         plan.check_batch(4, 2, world_size=1)
     old = resume.Plan(cfg=None, run_key="k", payload={"micro_batch": 4, "accum_steps": 2})  # before world_size
     old.check_batch(4, 2)
+
+
+def test_each_process_samples_its_own_gpu_and_shares_the_node_s_cores(monkeypatch, cpu_device):
+    from maxout.config import HardwareConfig
+    from maxout.optimizations import dataloader
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")  # e.g. an HPO worker pinned to GPUs 4 and 5
+    assert World(local_rank=1).nvml_index == 5 and World().nvml_index == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-3f1c")  # UUIDs: NVML's own order
+    assert World(local_rank=1).nvml_index == 1
+    node = types.SimpleNamespace(cpu_count=64, is_cuda=True)
+    settings, decisions = dataloader.resolve(HardwareConfig(num_workers="auto"), node, processes=8)
+    assert settings.num_workers == 6 and "64 cores / 8 processes = 8 - 2" in decisions[0].reason
+    assert dataloader.resolve(HardwareConfig(num_workers="auto"), node)[0].num_workers == 62

@@ -226,6 +226,15 @@ class Topology:
         return {"gpus": self.gpus, "links": [asdict(link) for link in self.links], "error": self.error}
 
 
+def nvml_index(cuda_index: int) -> int:
+    """NVML numbers every GPU of the machine, CUDA only the visible ones: CUDA device ``cuda_index`` is NVML's
+    device CUDA_VISIBLE_DEVICES names at that position (when it lists indices; UUIDs keep NVML's order)."""
+    parts = [p.strip() for p in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if p.strip()]
+    if parts and all(p.isdigit() for p in parts) and cuda_index < len(parts):
+        return int(parts[cuda_index])
+    return cuda_index
+
+
 def _visible(count: int) -> list[int]:
     wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
     if wanted is None or not all(p.strip().isdigit() for p in wanted.split(",") if p.strip()):

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ..config import DistributedConfig, TrackingConfig
 from ..errors import RUNTIME, ConfigError, HardwareError, MaxoutError, Terminated, first_line
-from ..hardware import DeviceInfo
+from ..hardware import DeviceInfo, nvml_index
 from ..tracking.store import resolve_uri
 
 REPORT_WAIT_S = 10.0  # how long rank 0 waits for the other ranks' outcomes before it calls a silent rank lost
@@ -81,6 +81,11 @@ class World:
     @property
     def initialized(self) -> bool:
         return self.backend is not None
+
+    @property
+    def nvml_index(self) -> int:
+        """This rank's GPU as NVML numbers it (for utilization sampling): CUDA's index is the local rank."""
+        return nvml_index(self.local_rank)
 
     @property
     def _device(self) -> str:

@@ -93,7 +93,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     tr, device = s.cfg.train, s.device.torch_device
     hooks, state = CallbackList(callbacks), state or TrainState(total_steps=s.total_steps)
     meter = m.Throughput(device, warmup_steps=tr.warmup_steps_excluded)
-    gpu = m.UtilizationSampler(s.world.local_rank) if s.device.is_cuda else None
+    gpu = m.UtilizationSampler(s.world.nvml_index) if s.device.is_cuda else None
     compile_before, wall_start, first_step = compile_opt.compile_seconds(), time.perf_counter(), state.step + 1
     state.loss_sum = torch.as_tensor(state.loss_sum, dtype=torch.float32, device=device)  # summed between syncs
     bar = tqdm(total=s.total_steps, initial=state.step, disable=not progress, desc="train", unit="step",

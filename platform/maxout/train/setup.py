@@ -131,7 +131,7 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     d_pad = Decision("padding", dc.padding, dc.padding)
     d_bucket = decide("bucketing", dc.bucketing, bucketing.supported(dc.padding))
     collate = build_collator(cfg, device, tokenizer)
-    settings, d_loader = dataloader.resolve(cfg.hardware, device)
+    settings, d_loader = dataloader.resolve(cfg.hardware, device, world.local_size)
     sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed, d_bucket.effective,
                               dc.bucket_batches, world.rank, world.size)  # this rank's share of each global batch
     train_loader = dataloader.apply(train_enc, sampler, collate, settings)
