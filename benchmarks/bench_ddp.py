@@ -53,7 +53,7 @@ def job(processes: int, overrides: Sequence[str], workdir: Path, threads: Option
         raise RuntimeError(f"{processes}-process job failed (rc {done.returncode}): {done.stderr[-2000:]}")
     client = mlflow.MlflowClient(uri)
     [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    out = {"processes": processes, "threads": threads or ("1" if processes > 1 else "all"),
+    out = {"processes": processes, "threads": str(threads) if threads else ("1" if processes > 1 else "all"),
            "job_s": time.perf_counter() - started, "run_id": run.info.run_id,
            "global_batch": int(run.data.params["dist.global_effective_batch"]),
            "token_imbalance": float(run.data.params["dist.token_imbalance"]),
@@ -80,13 +80,15 @@ def scaling(process_counts: Sequence[int] = (1, 2), overrides: Sequence[str] = (
     return rows
 
 
-def summarize(rows: Sequence[dict], key: str = "perf/steady_samples_per_s") -> list[dict]:
-    """Per contender: the median of ``key``, speed-up over one process (all threads) per round then the median, and
-    scaling efficiency (speed-up / processes)."""
-    baseline = {r["round"]: r[key] for r in rows if r["processes"] == 1 and r["threads"] == "all"}
+def summarize(rows: Sequence[dict], key: str = "perf/steady_samples_per_s",
+              baseline_of: tuple = (1, "all")) -> list[dict]:
+    """Per contender: the median of ``key``, the speed-up over ``baseline_of`` (processes, threads; default: one
+    process with all its threads) within each round, then the median, and scaling efficiency (speed-up /
+    processes)."""
+    baseline = {r["round"]: r[key] for r in rows if (r["processes"], str(r["threads"])) == baseline_of}
     out = []
-    for contender in dict.fromkeys((r["processes"], r["threads"]) for r in rows):
-        mine = [r for r in rows if (r["processes"], r["threads"]) == contender]
+    for contender in dict.fromkeys((r["processes"], str(r["threads"])) for r in rows):
+        mine = [r for r in rows if (r["processes"], str(r["threads"])) == contender]
         speedups = [r[key] / baseline[r["round"]] for r in mine if r["round"] in baseline]
         median_speedup = statistics.median(speedups) if speedups else float("nan")
         out.append({"processes": contender[0], "threads": contender[1], key: statistics.median(r[key] for r in mine),
@@ -141,9 +143,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  f"train.batch_size={args.micro_batch}", "train.target_effective_batch=null",
                  "train.eval_interval=0", *args.overrides]
     rows = scaling(args.processes, overrides, args.rounds, args.threads)
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "overrides": overrides, "jobs": rows,
-                      "summary": summarize(rows), "imbalance": imbalance_table(micro_batch=args.micro_batch)},
-                     indent=1, default=str))
+    summary = {"vs_one_process": summarize(rows)}
+    if args.threads:
+        summary[f"vs_one_process_{args.threads}_threads"] = summarize(rows, baseline_of=(1, str(args.threads)))
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "overrides": overrides, "jobs": rows, "summary": summary,
+                      "imbalance": imbalance_table(micro_batch=args.micro_batch)}, indent=1, default=str))
     return 0
 
 

@@ -220,3 +220,23 @@ def test_two_torchrun_agents_as_two_nodes_on_loopback_train_one_job(tmp_path, ml
     assert (params["dist.world_size"], params["dist.nodes"], params["dist.local_world_size"]) == ("2", "2", "1")
     assert params["derived.accumulation_steps"] == "1" and params["dist.global_effective_batch"] == "16"
     assert_trained_like(uri, run_, micro_16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_nccl_on_two_gpus(tmp_path, mlflow_store, strategy):
+    """The GPU path: NCCL, one GPU per rank, bf16 (fp16 on pre-Ampere GPUs). Runs where two GPUs are visible."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 CUDA devices, {torch.cuda.device_count()} visible")
+    uri = mlflow_store["uri"]
+    job = run(torchrun("hardware=auto", "model=tiny", "train.max_steps=6", "train.epochs=1", "train.log_every=1",
+                       "train.batch_size=8", "train.target_effective_batch=32", f"distributed.strategy={strategy}",
+                       f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.every_n_steps=2",
+                       *mlflow_store["overrides"]))
+    assert job.returncode == 0, job.stderr[-3000:]
+    run_ = the_run(uri)
+    params, metrics = run_.data.params, run_.data.metrics
+    assert run_.info.status == "FINISHED" and params["dist.backend"] == "nccl"
+    assert params["opt.data_parallel.effective"] == strategy and params["derived.accumulation_steps"] == "2"
+    assert metrics["mem/peak_allocated_gb"] > 0
+    assert [s for s, _ in history(uri, run_.info.run_id, "train/loss")] == list(range(1, 7))

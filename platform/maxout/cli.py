@@ -64,15 +64,12 @@ def load_config(args: argparse.Namespace, device: Any = None) -> Any:
     return cfg
 
 
-def _torchrun_world_size() -> int:
-    """WORLD_SIZE as torchrun sets it for the processes it starts (1 outside torchrun)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.nproc_per_node > 1 and _torchrun_world_size() > 1:
+    from .train.distributed import env_world_size  # lazy: torch (start-up); load_config loads it anyway
+
+    if args.nproc_per_node > 1 and env_world_size() > 1:
         raise ConfigError(f"--nproc-per-node {args.nproc_per_node}: this process was started by a launcher already "
-                          f"(WORLD_SIZE={_torchrun_world_size()}); drop --nproc-per-node")
+                          f"(WORLD_SIZE={env_world_size()}); drop --nproc-per-node")
     cfg = load_config(args)
     if args.cfg:
         from omegaconf import OmegaConf  # lazy: loaded already by load_config; named here, not at the top (start-up)
@@ -146,7 +143,9 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 
 def cmd_hpo(args: argparse.Namespace) -> int:
-    if _torchrun_world_size() > 1:
+    from .train.distributed import env_world_size  # lazy: torch (start-up); the study loads it anyway
+
+    if env_world_size() > 1:
         raise ConfigError("maxout hpo runs one trial per process and cannot run under torchrun: on a node of N "
                           "GPUs start N workers on one study, each pinned to its GPU (CUDA_VISIBLE_DEVICES=i maxout "
                           "hpo hpo.study_name=NAME ...; README: \"HPO on a multi-GPU node\")")
@@ -349,7 +348,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return func(args)
     except MaxoutError as err:
-        rank = os.environ.get("RANK", "0") if _torchrun_world_size() > 1 else "0"
+        rank = os.environ.get("RANK", "0")  # torchrun's: every process prints its own error, rank 0's unmarked
         print(f"maxout: error: {'' if rank == '0' else f'[rank {rank}] '}{err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:

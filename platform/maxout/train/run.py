@@ -140,7 +140,8 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
         tracker = NullTracker()  # one run per job: only rank 0 logs
     guard = closing(tracker) if owned else _no_close(tracker)
     with guard, distributed.reporting_failures(world):
-        resuming.run_id = world.broadcast(tracker.run_id) or resuming.run_id  # the job's run, on every rank
+        run_id = world.broadcast(tracker.run_id)  # the job's run, on every rank
+        resuming.run_id = run_id or resuming.run_id
         setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch, world=world)
         setup.oom.attach(tracker)  # out-of-memory recoveries are logged as they happen
         if verbose:
@@ -171,7 +172,7 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
         model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
     if world.is_main:
         resuming.finished()
-    return TrainResult({k: v for k, v in results.items() if v is not None}, tracker.run_id, model_uri, setup, params)
+    return TrainResult({k: v for k, v in results.items() if v is not None}, run_id, model_uri, setup, params)
 
 
 class _no_close:
