@@ -222,6 +222,9 @@ def session(cfg: DistributedConfig, device: DeviceInfo) -> Iterator[World]:
     if env_world_size() <= 1:
         yield SINGLE
         return
+    if cfg.strategy == "none":
+        raise ConfigError(f"distributed.strategy=none with {env_world_size()} processes: each would train a copy of "
+                          f"its own on its share of the data; use auto, ddp or fsdp, or start one process")
     if dist.is_initialized():  # a caller that set up its own process group keeps it
         yield World.from_env(dist.get_backend())
         return
