@@ -124,6 +124,10 @@ SETTINGS: dict[str, Case] = {
         ["hardware.fast_dropout=true", "hardware.gradient_checkpointing=true"],
         {"opt.fast_dropout.requested": "true", "opt.fast_dropout.effective": "false"},
         lambda r, d: r.setup.forward is r.setup.model, {"opt.fast_dropout.reason": "recomputes dropout"}),
+    "data_parallel_off_in_one_process": Case(
+        ["distributed.strategy=ddp"], {"opt.data_parallel.requested": "ddp", "opt.data_parallel.effective": "none",
+                                       "dist.world_size": "1", "dist.backend": "none"},
+        lambda r, d: r.setup.parallel is None and r.setup.world.size == 1, {"opt.data_parallel.reason": "one process"}),
     "freeze_with_adapter_is_redundant": Case(
         ["model.adapter=lora", "model.freeze_encoder=true"], {"opt.freeze_encoder.effective": "false"},
         lambda r, d: type(r.setup.model).__name__.startswith("Peft"), {"opt.freeze_encoder.reason": "already freezes"}),

@@ -176,7 +176,7 @@ def test_train_logs_to_postgres_and_the_bucket_and_the_registry_pull_predicts(mo
 # A value for each declared MLproject parameter: the documented ones, with hardware=cpu because this machine has
 # no GPU (the command renders and runs the same way for rtx3090). A new entry point with a new parameter fails
 # below until it gets a value here.
-PARAMETER_VALUES = {"hardware": "cpu",
+PARAMETER_VALUES = {"hardware": "cpu", "nproc_per_node": "1",
                     "overrides": "model=tiny train.max_steps=2 train.epochs=1 train.log_every=1"}
 # The README's `mlflow run` flags: GPUs in, the tracking server on the host, the login passed by name only.
 DOCKER_ARGS = ["gpus=all", "network=host", "env-file=docker/run.env"]
@@ -270,7 +270,8 @@ def test_every_mlproject_entry_point_runs_as_the_container_would_run_it(mlprojec
 
     assert set(mlproject_runs) == set(load_project(str(ROOT))._entry_points)
     main = mlproject_runs["main"]
-    assert main.command == "maxout train hardware=cpu --overrides " + shlex.quote(PARAMETER_VALUES["overrides"])
+    assert main.command == ("maxout train hardware=cpu --nproc-per-node 1 --overrides "
+                            + shlex.quote(PARAMETER_VALUES["overrides"]))
     for name, result in mlproject_runs.items():
         assert result.proc.returncode == 0, (name, result.proc.stderr[-3000:])
         docker = " ".join(result.docker)

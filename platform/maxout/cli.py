@@ -65,6 +65,11 @@ def load_config(args: argparse.Namespace, device: Any = None) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .train.distributed import env_world_size  # lazy: torch (start-up); load_config loads it anyway
+
+    if args.nproc_per_node > 1 and env_world_size() > 1:
+        raise ConfigError(f"--nproc-per-node {args.nproc_per_node}: this process was started by a launcher already "
+                          f"(WORLD_SIZE={env_world_size()}); drop --nproc-per-node")
     cfg = load_config(args)
     if args.cfg:
         from omegaconf import OmegaConf  # lazy: loaded already by load_config; named here, not at the top (start-up)
@@ -73,6 +78,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print(OmegaConf.to_yaml(to_dict(cfg)))
         return 0
+    if args.nproc_per_node > 1:
+        from .train import launch  # lazy: torch's launcher (start-up)
+
+        child = [*args.overrides, *(["--overrides", args.overrides_string] if args.overrides_string else []),
+                 *(["--no-progress"] if args.no_progress else [])]
+        return launch.launch(cfg, args.nproc_per_node, child)
     from .train import train  # lazy: torch, transformers (start-up)
 
     if cfg.registry.name:  # registration is opt-in; its prerequisites are checked before training
@@ -80,6 +91,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         promotion.check_train(cfg)
     result = train(cfg, progress=not args.no_progress)
+    if not result.setup.world.is_main:
+        return 0  # one job, one report: rank 0's
     summary = {k: result.metrics.get(k) for k in ("eval/accuracy", "eval/macro_f1", "perf/samples_per_s",
                                                    "perf/steady_samples_per_s", "time/wall_s")}
     print("maxout: done " + " ".join(f"{k}={v:.4g}" for k, v in summary.items() if v is not None))
@@ -138,6 +151,12 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 
 def cmd_hpo(args: argparse.Namespace) -> int:
+    from .train.distributed import env_world_size  # lazy: torch (start-up); the study loads it anyway
+
+    if env_world_size() > 1:
+        raise ConfigError("maxout hpo runs one trial per process and cannot run under torchrun: on a node of N "
+                          "GPUs start N workers on one study, each pinned to its GPU (CUDA_VISIBLE_DEVICES=i maxout "
+                          "hpo hpo.study_name=NAME ...; README: \"HPO on a multi-GPU node\")")
     from .hpo.study import run  # lazy: optuna, torch, mlflow (start-up)
 
     overrides = split_overrides(args.overrides, args.overrides_string)
@@ -290,6 +309,16 @@ def _used_uri() -> str:
     return mlflow.get_tracking_uri()
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer (the number of processes)")
+    return value
+
+
 def _add_overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. hardware=cpu model=tiny train.epochs=1")
     p.add_argument("--overrides", dest="overrides_string", default=None, metavar="STRING",
@@ -326,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="fine-tune a model with the composed config")
     _add_overrides(p)
     p.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--nproc-per-node", type=_positive_int, default=1, metavar="N",
+                   help="data-parallel training on N processes of this node (one per GPU), launched through "
+                        "torchrun (torch.distributed.run --standalone); default 1: this process alone")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
@@ -433,7 +465,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return func(args)
     except MaxoutError as err:
-        print(f"maxout: error: {err}", file=sys.stderr)
+        rank = os.environ.get("RANK", "0")  # torchrun's: every process prints its own error, rank 0's unmarked
+        print(f"maxout: error: {'' if rank == '0' else f'[rank {rank}] '}{err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("maxout: interrupted", file=sys.stderr)

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional
 from omegaconf import OmegaConf
 
 from .errors import ConfigError, combined, one_of
-from .optimizations import ADAPTERS, ATTENTION, COMPILE_MODES, PRECISIONS
+from .optimizations import ADAPTERS, ATTENTION, BACKENDS, COMPILE_MODES, DATA_PARALLEL, PRECISIONS
 
 SCHEDULES = ("linear", "cosine", "constant")
 PADDING = ("dynamic", "max_length", "packed")
@@ -336,6 +336,23 @@ class BatchFinderConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Data parallelism when torchrun starts several processes (train/distributed.py, optimizations/data_parallel.py).
+    A single process ignores it, and its ``data_parallel`` decision says why."""
+
+    strategy: str = "auto"  # auto: ddp with several processes | ddp | fsdp (models too big for one device) | none
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    timeout_s: float = 600.0  # a collective that waits longer fails, so a lost rank cannot hang the others
+    find_unused_parameters: bool = False  # ddp: only for models where some parameters get no gradient in a step
+    fsdp_reshard_after_forward: bool = True  # fsdp: free gathered weights after forward (memory) or keep them (speed)
+
+    def validate(self) -> None:
+        _check(self.strategy in DATA_PARALLEL, f"distributed.strategy={one_of(self.strategy, DATA_PARALLEL)}")
+        _check(self.backend in BACKENDS, f"distributed.backend={one_of(self.backend, BACKENDS)}")
+        _check(self.timeout_s > 0, f"distributed.timeout_s={self.timeout_s} must be > 0 (seconds)")
+
+
+@dataclass
 class SamplerConfig:
     name: str = "tpe"  # tpe (Optuna 5: multivariate, constant liar for parallel workers) | random
     seed: Optional[int] = None  # None: a different sequence per worker (what parallel workers want)
@@ -431,6 +448,7 @@ class Config:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     batch_finder: BatchFinderConfig = field(default_factory=BatchFinderConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     hpo: Optional[HpoConfig] = None  # the hpo/ group; null unless `maxout hpo` or hpo=... selects one
     debug: Optional[Any] = None
     resume: Optional[str] = None  # auto: continue this config's last unfinished run | an MLflow run id (resume.py)

@@ -8,6 +8,7 @@ Ground floor. May import: errors, paths.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import platform
@@ -225,3 +226,96 @@ def peak_flops(device: DeviceInfo, precision: str, tf32: bool) -> Optional[float
             tflops = half if precision in ("bf16", "fp16") else (tf32_peak if tf32 else fp32)
             return tflops * 1e12
     return None
+
+
+# -------------------------------------------------------------------------------------- GPUs and links
+
+# NVML's answer to "what is the closest thing these two GPUs share?" (nvmlDeviceGetTopologyCommonAncestor).
+PCIE_LEVELS = {0: "same board", 10: "PCIe, one switch", 20: "PCIe, several switches", 30: "PCIe host bridge",
+               40: "PCIe across host bridges (same NUMA node)", 50: "across CPU sockets (SMP interconnect)"}
+
+
+@dataclass
+class GpuLink:
+    a: int
+    b: int
+    kind: str  # "NVLink" or a PCIE_LEVELS description
+
+
+@dataclass
+class Topology:
+    """Every GPU NVML sees (limited to CUDA_VISIBLE_DEVICES when that lists indices) and how each pair is linked."""
+
+    gpus: list = field(default_factory=list)  # dicts: index, name, memory_gb, nvlinks (active NVLink links)
+    links: list = field(default_factory=list)  # GpuLink per pair
+    error: str = ""  # why there is nothing to list (no NVML, no driver)
+
+    @property
+    def all_nvlink(self) -> bool:
+        return bool(self.links) and all(link.kind == "NVLink" for link in self.links)
+
+    def to_dict(self) -> dict:
+        return {"gpus": self.gpus, "links": [asdict(link) for link in self.links], "error": self.error}
+
+
+def nvml_index(cuda_index: int) -> int:
+    """NVML numbers every GPU of the machine, CUDA only the visible ones: CUDA device ``cuda_index`` is NVML's
+    device CUDA_VISIBLE_DEVICES names at that position (when it lists indices; UUIDs keep NVML's order)."""
+    parts = [p.strip() for p in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if p.strip()]
+    if parts and all(p.isdigit() for p in parts) and cuda_index < len(parts):
+        return int(parts[cuda_index])
+    return cuda_index
+
+
+def _visible(count: int) -> list[int]:
+    wanted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if wanted is None or not all(p.strip().isdigit() for p in wanted.split(",") if p.strip()):
+        return list(range(count))  # unset, or UUIDs: NVML's own order
+    return [i for i in (int(p) for p in wanted.split(",") if p.strip()) if i < count]
+
+
+def _active_nvlinks(nvml: Any, handle: Any) -> int:
+    active = 0
+    for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            active += nvml.nvmlDeviceGetNvLinkState(handle, link) == nvml.NVML_FEATURE_ENABLED
+        except nvml.NVMLError:  # past the device's last link, or no NVLink at all
+            break
+    return active
+
+
+def topology(nvml: Any = pynvml) -> Topology:
+    """The GPUs and their interconnect, from NVML (``nvml`` is the module, replaceable by a fake in tests)."""
+    try:
+        nvml.nvmlInit()
+    except Exception as err:  # noqa: BLE001 - no NVML library or driver: a machine without NVIDIA GPUs
+        return Topology(error=f"NVML not available ({type(err).__name__}): no NVIDIA GPU visible")
+    try:
+        indices = _visible(nvml.nvmlDeviceGetCount())
+        handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in indices}
+        gpus = []
+        for i, h in handles.items():
+            name = nvml.nvmlDeviceGetName(h)
+            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                         "memory_gb": round(nvml.nvmlDeviceGetMemoryInfo(h).total / 2**30, 1),
+                         "nvlinks": _active_nvlinks(nvml, h)})
+        links = []
+        for a in indices:
+            for b in (b for b in indices if b > a):
+                try:
+                    nvlink = nvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], nvml.NVML_P2P_CAPS_INDEX_NVLINK) \
+                        == nvml.NVML_P2P_STATUS_OK
+                except nvml.NVMLError:
+                    nvlink = False
+                if nvlink:
+                    links.append(GpuLink(a, b, "NVLink"))
+                    continue
+                try:
+                    level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b])
+                    links.append(GpuLink(a, b, PCIE_LEVELS.get(int(level), f"PCIe (NVML level {level})")))
+                except nvml.NVMLError as err:
+                    links.append(GpuLink(a, b, f"unknown ({err})"))
+        return Topology(gpus, links)
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()

@@ -1,6 +1,7 @@
 """``maxout check-hardware``: what this machine offers for training, with a reason for everything it lacks, the
 profile ``hardware=auto`` picks and why, and the micro-batch the batch finder recommends for the configured model
-and sequence length (from its cache, else a quick search).
+and sequence length (from its cache, else a quick search). It lists every GPU NVML sees and how each pair is
+linked (NVLink, or how far apart on PCIe), and suggests the command that uses them all (``scale_out``).
 
 ``report()`` returns plain data (``--json`` prints it); ``render()`` turns it into rich tables.
 """
@@ -16,7 +17,7 @@ from rich.table import Table
 from .. import data as data_mod, modeling
 from ..config import Config
 from ..errors import MaxoutError
-from ..hardware import DeviceInfo, load_profiles, pick_profile
+from ..hardware import DeviceInfo, Topology, load_profiles, pick_profile, topology
 from ..optimizations import accumulation, compile as compile_opt, cudnn_benchmark, dataloader, fast_dropout
 from ..optimizations import fused_adamw, precision as precision_opt, tf32
 from ..train import batch_finder
@@ -66,6 +67,28 @@ def recommended_batch(cfg: Config, device: DeviceInfo, search: bool = True) -> d
             "probes": len(result.probes), "budget_gb": result.budget_gb, "key": result.key}
 
 
+def scale_out(topo: Topology) -> dict:
+    """The command that uses this node's GPUs, one for several such nodes, and what the links mean for the
+    strategy (``distributed.strategy``)."""
+    n, overrides = len(topo.gpus), "hardware=auto ..."
+    if n == 0:
+        return {"commands": ["maxout train hardware=cpu ..."],
+                "notes": ["no GPU visible: one process; several CPU processes (maxout train --nproc-per-node 2 "
+                          "hardware=cpu, gloo) share the same cores, for testing the distributed path only"]}
+    if n == 1:
+        return {"commands": [f"maxout train {overrides}"], "notes": ["one GPU: one process, no torchrun needed"]}
+    commands = [f"maxout train --nproc-per-node {n} {overrides}",
+                f"torchrun --nproc-per-node={n} -m maxout train {overrides}",
+                f"torchrun --nnodes=NODES --nproc-per-node={n} --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 "
+                f"--rdzv-id=JOB -m maxout train {overrides}   # on every node; checkpoint.dir on shared storage"]
+    slow = sorted({link.kind for link in topo.links if link.kind != "NVLink"})
+    notes = (["every GPU pair is linked by NVLink: gradient all-reduces and FSDP's all-gathers are cheap here"]
+             if topo.all_nvlink else
+             [f"some GPU pairs talk over {', '.join(slow)}: keep distributed.strategy=auto (DDP, one all-reduce "
+              f"per step) while the model fits one GPU; fsdp moves 1.5x the weights per step over these links"])
+    return {"commands": commands, "notes": notes}
+
+
 def report(cfg: Config, device: DeviceInfo, search: bool = True) -> dict:
     profile, why = pick_profile(device, load_profiles())
     out = {"device": device.to_dict(), "support": support(device), "versions": versions(device),
@@ -73,6 +96,8 @@ def report(cfg: Config, device: DeviceInfo, search: bool = True) -> dict:
                "profile": cfg.hardware.name, "model": cfg.model.name, "data": cfg.data.name,
                "max_length": cfg.data.max_length, "padding": cfg.data.padding, "precision": cfg.hardware.precision,
                "gradient_checkpointing": cfg.hardware.gradient_checkpointing, "compile": cfg.hardware.compile}}
+    topo = topology()
+    out["gpus"] = {**topo.to_dict(), **scale_out(topo)}
     out["batch"] = recommended_batch(cfg, device, search)
     return out
 
@@ -129,4 +154,21 @@ def render(rep: dict) -> list:
     else:
         plan.add_row("recommended batch", f"largest that fits: {batch['max_batch']} at sequence length "
                                           f"{batch['sequence_length']} (from cache)")
-    return [device, features, versions, plan]
+    return [device, features, versions, plan, render_gpus(rep["gpus"])]
+
+
+def render_gpus(gpus: dict) -> Table:
+    table = Table(title="GPUs, links and the command for this node", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    if not gpus["gpus"]:
+        table.add_row("GPUs", gpus["error"] or "none visible")
+    for gpu in gpus["gpus"]:
+        table.add_row(f"GPU {gpu['index']}", f"{gpu['name']}, {gpu['memory_gb']} GiB, {gpu['nvlinks']} NVLink links")
+    for link in gpus["links"]:
+        table.add_row(f"GPU {link['a']} <-> {link['b']}", link["kind"])
+    for command in gpus["commands"]:
+        table.add_row("command", command)
+    for note in gpus["notes"]:
+        table.add_row("note", note)
+    return table

@@ -1,5 +1,6 @@
 """Gradient accumulation derived from a target effective batch, so the optimizer sees the same number of
-samples per step whatever micro-batch fits the device."""
+samples per step whatever micro-batch fits the device, and however many processes share the step (each
+contributes a micro-batch per accumulation step: steps = ceil(target / (micro-batch x world size)))."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ def plan(target: Optional[int], micro_batch: int, world_size: int = 1) -> tuple[
         return 1, Decision("accumulation", None, per_step)
     steps = max(1, math.ceil(target / per_step))
     effective = steps * per_step
+    # With several processes each step takes a micro-batch from every rank: steps = target / (micro x ranks).
+    unit = f"the micro-batch {micro_batch}" + (f" x {world_size} processes" if world_size > 1 else "")
+    ranks = f" x {world_size}" if world_size > 1 else ""
     reason = "" if effective == target else (
-        f"target {target} is not a multiple of the micro-batch {micro_batch}: "
-        f"{steps} x {micro_batch} = {effective} samples per step")
+        f"target {target} is not a multiple of {unit}: {steps} x {micro_batch}{ranks} = {effective} samples per step")
     if target < per_step:
-        reason = f"target {target} is below the micro-batch {micro_batch}: one micro-batch per step"
+        reason = f"target {target} is below {unit}: one micro-batch per step"
     return steps, Decision("accumulation", target, effective, reason)

@@ -1,4 +1,5 @@
-"""DataLoader knobs: workers (auto = cores - 2, at least 0), pinned memory, persistent workers, prefetch."""
+"""DataLoader knobs: workers (auto = cores - 2, at least 0; the processes of a data-parallel job on one node share
+the cores), pinned memory, persistent workers, prefetch."""
 
 from __future__ import annotations
 
@@ -31,11 +32,14 @@ def supported_worker_feature(num_workers: int) -> tuple[bool, str]:
     return (True, "") if num_workers > 0 else (False, "num_workers=0: data loads in the main process")
 
 
-def resolve(hw: Any, device: Any) -> tuple[LoaderSettings, list[Decision]]:
+def resolve(hw: Any, device: Any, processes: int = 1) -> tuple[LoaderSettings, list[Decision]]:
+    """``processes``: how many processes of the job run on this node (torchrun's LOCAL_WORLD_SIZE)."""
     if hw.num_workers == "auto":
-        workers = auto_workers(device.cpu_count)
-        d_workers = Decision("num_workers", "auto", workers,
-                             f"auto = max(0, {device.cpu_count} cores - 2)")
+        cores = device.cpu_count // max(1, processes)
+        workers = auto_workers(cores)
+        share = f"{device.cpu_count} cores / {processes} processes = {cores}" if processes > 1 else \
+            f"{device.cpu_count} cores"
+        d_workers = Decision("num_workers", "auto", workers, f"auto = max(0, {share} - 2)")
     else:
         workers = hw.num_workers
         d_workers = Decision("num_workers", workers, workers)

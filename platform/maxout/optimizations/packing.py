@@ -78,15 +78,25 @@ def position_start(model_type: str, pad_token_id: Optional[int]) -> int:
 
 class TokenBudgetSampler(EpochBatchSampler):
     """Batches of row indices holding at most ``max_tokens`` tokens each (a row longer than that is its own batch;
-    config validation keeps ``max_tokens >= data.max_length``)."""
+    config validation keeps ``max_tokens >= data.max_length``). With ``world_size > 1`` the epoch's batches are
+    dealt out round-robin (``rank``, ``rank + world_size``, ...), the last ``len % world_size`` left out, so every
+    rank runs the same number of steps; each batch carries about the same tokens, so the ranks stay balanced."""
 
-    def __init__(self, lengths: list[int], max_tokens: int, seed: int):
-        super().__init__(lengths, batch_size=1, seed=seed, bucketing=False)
+    def __init__(self, lengths: list[int], max_tokens: int, seed: int, rank: int = 0, world_size: int = 1):
+        super().__init__(lengths, batch_size=1, seed=seed, bucketing=False, rank=rank, world_size=world_size)
         self.max_tokens = max_tokens
         self._counts: dict[int, int] = {}  # epoch -> number of batches (the planned steps need every epoch's)
 
-    def batches(self, epoch: Optional[int] = None) -> list[list[int]]:
-        order, _ = epoch_order(len(self.lengths), self.seed, self.epoch if epoch is None else epoch)
+    def batches(self, epoch: Optional[int] = None, rank: Optional[int] = None) -> list[list[int]]:
+        """``rank``'s batches (default: this sampler's) in ``epoch`` (default: the current one)."""
+        every = self._epoch_batches(self.epoch if epoch is None else epoch)
+        if self.world_size == 1:
+            return every
+        kept = len(every) - len(every) % self.world_size
+        return every[(self.rank if rank is None else rank):kept:self.world_size]
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        order, _ = epoch_order(len(self.lengths), self.seed, epoch)
         batches: list[list[int]] = []
         current: list[int] = []
         tokens = 0
@@ -104,7 +114,7 @@ class TokenBudgetSampler(EpochBatchSampler):
 
     def batches_in_epoch(self, epoch: int) -> int:
         if epoch not in self._counts:
-            self._counts[epoch] = len(self.batches(epoch))
+            self._counts[epoch] = len(self.batches(epoch=epoch))
         return self._counts[epoch]
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -112,6 +122,9 @@ class TokenBudgetSampler(EpochBatchSampler):
 
     def __len__(self) -> int:
         return self.batches_in_epoch(self.epoch)
+
+    def tokens(self, batch: list[int]) -> int:
+        return sum(self.lengths[i] for i in batch)  # packed: no padding
 
 
 @dataclass
@@ -155,10 +168,10 @@ class PackedCollator:
         return batch
 
 
-def apply(lengths: list[int], max_tokens: int, seed: int, position_ids_start: int = 0
-          ) -> tuple[TokenBudgetSampler, PackedCollator]:
-    """The batch sampler and the collate function of packed training batches."""
-    return TokenBudgetSampler(lengths, max_tokens, seed), PackedCollator(position_ids_start)
+def apply(lengths: list[int], max_tokens: int, seed: int, position_ids_start: int = 0, rank: int = 0,
+          world_size: int = 1) -> tuple[TokenBudgetSampler, PackedCollator]:
+    """The batch sampler (this ``rank``'s share) and the collate function of packed training batches."""
+    return TokenBudgetSampler(lengths, max_tokens, seed, rank, world_size), PackedCollator(position_ids_start)
 
 
 def split(batch: dict[str, Any], rows_per_chunk: int) -> list[tuple[dict[str, Any], float]]:

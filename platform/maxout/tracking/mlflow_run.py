@@ -295,3 +295,14 @@ def _active(run_id: str) -> Iterator[None]:
         return
     with mlflow.start_run(run_id=run_id, nested=active is not None):
         yield
+
+
+def end_if_running(tracking_uri: str, run_id: str, status: str, reason: str) -> bool:
+    """End ``run_id`` with ``status`` and ``reason`` if it is still RUNNING (a process that should have closed it
+    died first); False when it was closed already."""
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    if client.get_run(run_id).info.status != "RUNNING":
+        return False
+    client.set_tag(run_id, "maxout.status_reason", redact(reason)[:5000])
+    client.set_terminated(run_id, status)
+    return True

@@ -8,6 +8,8 @@
 - ``warm.py``: what one process keeps between runs on the same data (HPO trials)
 - ``oom.py``: out-of-memory recovery; ``batch_finder.py`` and ``tensor_memory.py``: ``batch_size=auto``
 - ``checkpointing.py``, ``resume.py``: checkpoints, and ``resume=auto``
+- ``distributed.py``: the job's processes under torchrun (process group, collectives, which rank failed);
+  ``sharded.py``: the whole model from FSDP's shards; ``launch.py``: ``maxout train --nproc-per-node N``
 - ``run.py``: ``train(cfg)``, the params and model it logs
 
 Train wing. May import: errors, paths, config, hardware, optimizations, metrics, data, modeling, serving,

@@ -43,6 +43,7 @@ import psutil
 import torch
 
 from .. import data as data_mod
+from .distributed import env_local_world_size, env_world_size
 from ..config import Config
 from ..errors import ConfigError, OutOfMemory
 from ..hardware import DeviceInfo
@@ -292,8 +293,9 @@ def budget_bytes(cfg: Config, device: DeviceInfo) -> Optional[float]:
         return None
     if cfg.batch_finder.memory_budget_gb is not None:
         return cfg.batch_finder.memory_budget_gb * GIB
-    # Whole GiB, so the cache key (which names the budget) stays the same while free memory drifts a little.
-    return float(max(1, int(psutil.virtual_memory().available // GIB)) * GIB)
+    # Whole GiB, so the cache key (which names the budget) stays the same while free memory drifts a little; the
+    # processes torchrun starts on this node share it.
+    return float(max(1, int(psutil.virtual_memory().available // GIB // env_local_world_size())) * GIB)
 
 
 def longest_length(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any) -> int:
@@ -325,7 +327,9 @@ class SearchPlan:
 
 
 def search_for(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any) -> SearchPlan:
-    target, length = target_batch(cfg), longest_length(cfg, device, dataset, tokenizer)
+    # Under torchrun every process feeds its own micro-batch into each step: it divides the process's share.
+    target = math.ceil(target_batch(cfg) / env_world_size())
+    length = longest_length(cfg, device, dataset, tokenizer)
     cap, budget = min(target, len(dataset.train), cfg.batch_finder.max_batch), budget_bytes(cfg, device)
     return SearchPlan(target, length, cap, search_range(cap, cfg.batch_finder.safety_margin), budget,
                       cache_key(cfg, device, length, budget))

@@ -12,6 +12,12 @@ Each checkpoint has its SHA-256 beside it (``step-NNNNNNNN.pt.sha256``, the form
 while it is written and renamed into place before it: resume verifies it (``load_verified``), so a truncated or
 damaged file (a bad disk, a partial copy) is found instead of loaded. A checkpoint that cannot be written (a full
 or read-only disk) is a warning: training goes on, and the checkpoints already written are kept.
+
+Several processes (data parallel): saving is a collective, so every rank runs the Checkpointer; rank 0 alone writes.
+The checkpoint holds every rank's RNG states (``rng_ranks``; each rank's dropout differs), and with FSDP the full
+model and optimizer state gathered from the shards, so the file is the same as without FSDP. Every rank restores
+from the file rank 0 chose, each with its own RNG states; the data position is per rank (each rank's share of the
+epoch is a pure function of seed, epoch and rank).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 
 from ..config import CheckpointConfig
 from ..errors import first_line
+from ..optimizations import data_parallel
 from ..tracking.tracker import Tracker
 from .callbacks import Callback, TrainState
 from .setup import Setup
@@ -183,21 +190,28 @@ def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: di
                 "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
                 "eval_metrics": dict(state.eval_metrics), "first_step_s": state.first_step_s,
                 "measured": state.totals.so_far() if state.totals is not None else dict(state.measured)}
-    return {"format": FORMAT, **meta, "state": counters, "model": setup.model.state_dict(),
-            "optimizer": setup.optimizer.state_dict(), "scheduler": setup.scheduler.state_dict(),
-            "scaler": setup.precision.scaler.state_dict(), "rng": rng_states(),
-            **{key: get(state) for key, get in (extras or {}).items()}}
+    model, optimizer = data_parallel.state_dicts(setup.model, setup.optimizer, _strategy(setup))  # FSDP: gathered
+    payload = {"format": FORMAT, **meta, "state": counters, "model": model, "optimizer": optimizer,
+               "scheduler": setup.scheduler.state_dict(), "scaler": setup.precision.scaler.state_dict(),
+               "rng": rng_states(), **{key: get(state) for key, get in (extras or {}).items()}}
+    if setup.world.size > 1:
+        payload["rng_ranks"] = setup.world.gather(payload["rng"])
+    return payload
 
 
 def restore(setup: Setup, payload: dict) -> TrainState:
     """Load a payload into a freshly built Setup; returns the TrainState that fit() continues from."""
-    setup.model.load_state_dict(payload["model"])
-    setup.optimizer.load_state_dict(payload["optimizer"])
+    data_parallel.load_state_dicts(setup.model, setup.optimizer, payload["model"], payload["optimizer"],
+                                   _strategy(setup))
     setup.scheduler.load_state_dict(payload["scheduler"])
     if payload["scaler"]:
         setup.precision.scaler.load_state_dict(payload["scaler"])
-    set_rng_states(payload["rng"])
+    set_rng_states(payload["rng_ranks"][setup.world.rank] if "rng_ranks" in payload else payload["rng"])
     return TrainState(total_steps=setup.total_steps, **payload["state"])
+
+
+def _strategy(setup: Setup) -> str:
+    return setup.decision("data_parallel").effective
 
 
 class Checkpointer(Callback):
@@ -220,12 +234,16 @@ class Checkpointer(Callback):
         self.save(state, (state.epoch + 1, 0))  # resumes at the start of the next epoch
 
     def save(self, state: TrainState, position: tuple[int, int]) -> Optional[Path]:
-        """Write the checkpoint of ``state``; None (and a warning) when the disk refuses it."""
+        """Write the checkpoint of ``state``; None (and a warning) when the disk refuses it. Every rank calls this
+        (gathering FSDP's shards and the ranks' RNG states is a collective); rank 0 writes."""
         self.setup.divergence.check(self.setup, self.tracker)  # never a diverged state to resume from
         self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
+        payload = capture(self.setup, state, position, self.meta, self.extras)
+        if not self.setup.world.is_main:
+            return None
         path = self.directory / file_name(state.step)
         try:
-            save_atomic(capture(self.setup, state, position, self.meta, self.extras), path)
+            save_atomic(payload, path)
         except OSError as err:  # a full or read-only disk: the run is worth more than this one checkpoint
             log.warning("maxout: checkpoint %s not written to %s (%s); training goes on and the checkpoints "
                         "already there are kept: free space there or fix its permissions, or set checkpoint.dir",

@@ -1,4 +1,6 @@
-"""Evaluation that accumulates on the device and syncs once, at the end; and when the loop evaluates.
+"""Evaluation that accumulates on the device and syncs once, at the end; and when the loop evaluates. With several
+processes each rank evaluates its share of the split and the counts are summed over the ranks before scoring, so
+every rank gets the metrics of the whole split.
 
 It runs the eager module even when training is compiled: a no-grad graph would be a second full compile
 (~20-40 s), while evaluation is a small share of the run. It reuses the loaders built at set-up (the test split's
@@ -42,7 +44,8 @@ def evaluate(s: Setup, loader: Optional[Any] = None, split: str = "eval") -> Eva
         loss_sum += out.loss.double() * inputs["labels"].numel()
         counts += confusion_matrix(out.logits.argmax(dim=-1), inputs["labels"], k).flatten()
     s.model.train()
-    read = torch.cat([loss_sum.view(1), counts.double()]).tolist()  # the one host sync
+    summed = s.world.all_reduce(torch.cat([loss_sum.view(1), counts.double()]))  # every rank's share (no-op alone)
+    read = summed.tolist()  # the one host sync
     confusion = [[int(x) for x in read[1 + r * k:1 + (r + 1) * k]] for r in range(k)]
     total = sum(map(sum, confusion))
     metrics = {f"{split}/loss": read[0] / total if total else math.nan,

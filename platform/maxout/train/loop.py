@@ -83,13 +83,15 @@ def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> 
 def _forward_backward(s: Setup, micro_batches: Sequence[dict]) -> torch.Tensor:
     device, scaler = s.device.torch_device, s.precision.scaler
     step_loss = torch.zeros((), device=device)
-    for batch in micro_batches:
-        for chunk, share in s.oom.split(batch):  # one chunk (share 1.0) unless an out-of-memory error split it
-            inputs = {k: chunk[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in chunk}
+    # one chunk (share 1.0) per micro-batch unless an out-of-memory error split it
+    pieces = [(chunk, share) for batch in micro_batches for chunk, share in s.oom.split(batch)]
+    for i, (chunk, share) in enumerate(pieces):
+        inputs = {k: chunk[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in chunk}
+        with s.gradient_sync(last=i == len(pieces) - 1):  # data parallel: all-reduce once per step, not per piece
             with s.precision.autocast():
                 loss = s.forward(**inputs).loss * share / len(micro_batches)
             scaler.scale(loss).backward()
-            step_loss += loss.detach()
+        step_loss += loss.detach()
     return step_loss
 
 
@@ -103,7 +105,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     # A resumed run's figures go on from those saved with its checkpoint (totals.py): never only this segment's.
     state.totals = Totals(device, tr.warmup_steps_excluded, state.measured)
     meter = state.totals.meter
-    gpu = m.UtilizationSampler() if s.device.is_cuda else None
+    gpu = m.UtilizationSampler(s.world.nvml_index) if s.device.is_cuda else None
     wall_start, first_step = time.perf_counter(), state.step + 1
     state.loss_sum = torch.as_tensor(state.loss_sum, dtype=torch.float32, device=device)  # summed between syncs
     bar = tqdm(total=s.total_steps, initial=state.step, disable=not progress, desc="train", unit="step",
@@ -147,11 +149,12 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
                 state.first_step_s = time.perf_counter() - wall_start
             if state.step % tr.log_every == 0 or state.step == s.total_steps:
                 meter.mark()
-                # The host sync, once per interval: the summed loss and the divergence record in one transfer.
-                state.train_loss = s.divergence.check(s, tracker, also=state.loss_sum) / state.loss_steps
+                # The host sync, once per interval: the summed loss and the divergence record in one transfer
+                # (then, with several processes, one small all-reduce of the loss and the window rates).
+                loss_sum = s.divergence.check(s, tracker, also=state.loss_sum)
+                state.train_loss, rates = s.world.log_point(loss_sum, state.loss_steps, meter.window_rates())
                 state.loss_sum.zero_()
                 state.loss_steps = 0
-                rates = meter.window_rates()
                 tracker.log_metrics({"train/loss": state.train_loss, "train/lr": s.scheduler.get_last_lr()[0],
                                      "train/epoch": epoch + 1, **rates}, step=state.step)
                 bar.set_postfix(loss=f"{state.train_loss:.4f}",

@@ -13,6 +13,10 @@ a damaged newer one is skipped with a one-line warning; none intact is a one-lin
 
 The continued run keeps its MLflow run id; its params are identical (same config and data), and the steps
 replayed after the checkpoint do not log again what the run already has (tracking/mlflow_run.MLflowTracker).
+
+Under torchrun every rank plans (same command, same run key), then all take rank 0's choice (``agreed``): the run
+to continue and the checkpoint file, which every rank reads itself (on several nodes ``checkpoint.dir`` must be
+storage they share). A checkpoint resumes only with the number of processes that saved it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..paths import checkpoint_dir, resolve_path
 from ..tracking.tracker import Tracker, fail_if_running
 from . import checkpointing
 from .callbacks import Callback, TrainState
+from .distributed import World
 from .setup import Setup
 
 log = logging.getLogger("maxout")
@@ -67,12 +72,17 @@ class Plan:
         self.run_id = self.run_id or run_id or uuid.uuid4().hex
         return self.root / self.run_id
 
-    def check_batch(self, micro_batch: int, accum_steps: int) -> None:
-        """Before the run is reopened: the checkpoint's data position counts micro-batches of its own size. Only
-        train.batch_size=auto can differ (a configured batch is part of the run key): the finder chose another
-        micro-batch on this device."""
+    def check_batch(self, micro_batch: int, accum_steps: int, world_size: int = 1) -> None:
+        """Before the run is reopened: the checkpoint's data position counts micro-batches of its own size, per
+        process. Only train.batch_size=auto can differ (a configured batch is part of the run key): the finder chose
+        another micro-batch on this device; and the number of processes the job was started with."""
         if self.payload is None:
             return
+        saved_world = self.payload.get("world_size", 1)
+        if saved_world != world_size:
+            raise MaxoutError(f"checkpoint {self.checkpoint} was saved by {saved_world} process(es), this job has "
+                              f"{world_size}: each process's data position and RNG state are in it; resume with "
+                              f"{saved_world} process(es) in all (torchrun --nnodes x --nproc-per-node)")
         saved = (self.payload["micro_batch"], self.payload["accum_steps"])
         if saved != (micro_batch, accum_steps):
             raise MaxoutError(f"checkpoint {self.checkpoint} was saved with micro-batch {saved[0]} x {saved[1]} "
@@ -92,7 +102,7 @@ class Plan:
             return []
         directory = self.directory(tracker.run_id)
         meta = {"run_id": self.run_id, "run_key": self.run_key, "data_fingerprint": setup.dataset.fingerprint,
-                "micro_batch": setup.micro_batch, "accum_steps": setup.accum_steps}
+                "micro_batch": setup.micro_batch, "accum_steps": setup.accum_steps, "world_size": setup.world.size}
         return [checkpointing.Checkpointer(setup, tracker, self.cfg.checkpoint, directory, meta, extras)]
 
     def model_not_stored(self, err: MaxoutError, total_steps: int) -> MaxoutError:
@@ -162,6 +172,23 @@ def newest_intact(cfg: Config, run_id: str, directory: Path) -> tuple[Path, dict
                f"copy, or start a new run without resume")
     fail_if_running(cfg.tracking, run_id, message)
     raise MaxoutError(message)
+
+
+def agreed(world: World, plan: Plan, dataset: Any = None) -> Plan:
+    """Rank 0's plan, on every rank: each rank looked at its own disk, but all must continue the same run from the
+    same checkpoint (a new run's id comes later, from rank 0's tracker)."""
+    if not world.initialized:
+        return plan
+    mine = (plan.run_id, str(plan.checkpoint) if plan.checkpoint else None)
+    run_id, path = world.broadcast(mine)
+    if (run_id, path) == mine:
+        return plan
+    if path is None:
+        return Plan(plan.cfg, plan.run_key, run_id)
+    if not Path(path).is_file():
+        raise MaxoutError(f"rank {world.rank} cannot read checkpoint {path}, which rank 0 resumes from: put "
+                          f"checkpoint.dir on storage that every node shares")
+    return Plan(plan.cfg, plan.run_key, run_id, Path(path), _check_compatible(Path(path), plan.run_key, dataset))
 
 
 def _not_found(cfg: Config, key: str) -> str:

@@ -9,6 +9,10 @@ run from the last one (resume.py).
 The model it keeps is the best evaluation's (selection.py, ``train.select_best``); its final ``eval/*`` metrics,
 confusion matrix and classification report describe that model, and so does ``test/*`` when ``data.test_path`` is
 set: the test split is scored once, at the end, and never chooses anything.
+
+Under torchrun every process calls ``train`` (distributed.py): rank 0 opens the one MLflow run of the job and logs
+params, metrics (evaluation and throughput over all ranks) and the model; the other ranks train their share with a
+NullTracker. A failure on any rank ends the run FAILED naming that rank.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ from .. import data as data_mod
 from .. import hardware, metrics as m
 from ..config import Config, to_dict
 from ..errors import MaxoutError, Terminated
-from ..optimizations import accumulation, lora
+from ..optimizations import accumulation, bucketing, lora
 from ..serving import inference
 from ..tracking.params import config_params, device_params, run_name
-from ..tracking.tracker import Tracker, closing, start
-from . import batch_finder, prepare, reports
+from ..tracking.tracker import NullTracker, Tracker, closing, start
+from . import batch_finder, distributed, prepare, reports, resume, sharded
 from .callbacks import Callback
+from .distributed import World
 from .evaluate import Evaluation, evaluate
 from .loop import fit
 from .selection import ModelSelection, Selected
@@ -57,6 +62,8 @@ def run_params(cfg: Config, setup: Setup) -> dict[str, str]:
     params.update(config_params(cfg))
     params.update(device_params(setup.device))
     params.update({f"derived.{k}": str(v) for k, v in setup.derived.items()})
+    params.update(setup.world.params(setup.micro_batch, setup.accum_steps,
+                                     bucketing.token_imbalance(setup.sampler, setup.accum_steps)))
     return params
 
 
@@ -77,7 +84,8 @@ def startup_banner(setup: Setup) -> str:
     changed = [f"{x.name}: {x.requested} -> {x.effective} ({x.reason})" for x in setup.decisions if x.changed]
     lines = [f"maxout: {setup.cfg.model.name} on {setup.device.name} [{setup.cfg.hardware.name}], "
              f"precision {setup.decision('precision').effective}, compile {setup.decision('compile').effective}",
-             f"  micro-batch {d['micro_batch']} x accumulation {d['accumulation_steps']} = effective batch "
+             f"  micro-batch {d['micro_batch']} x accumulation {d['accumulation_steps']}"
+             + (f" x {setup.world.size} processes" if setup.world.size > 1 else "") + " = effective batch "
              f"{d['effective_batch']}; {d['steps_per_epoch']} steps/epoch, {d['total_steps']} steps; "
              f"{d['params_trainable']:,} of {d['params_total']:,} params trainable"]
     lines += [f"  {c}" for c in changed]
@@ -92,6 +100,9 @@ def majority_baseline(labels: list[int]) -> float:
 
 
 def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
+    model = sharded.full_model(setup)  # FSDP: gathered from every rank; None on the ranks that do not log
+    if model is None:
+        return None
     cfg = setup.cfg
     meta = inference.ModelMeta(cfg.data.text_column, cfg.data.text_pair_column, setup.dataset.label_names,
                                cfg.data.max_length, setup.derived.get("pooling"))
@@ -100,7 +111,7 @@ def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
     if val.pairs is not None:
         example[cfg.data.text_pair_column] = val.pairs[:2]
     with tempfile.TemporaryDirectory(prefix="maxout-model-") as tmp:
-        inference.save(lora.merged(setup.model), setup.tokenizer, meta, tmp)
+        inference.save(lora.merged(model), setup.tokenizer, meta, tmp)
         return tracker.log_model(tmp, example)
 
 
@@ -160,23 +171,42 @@ def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Ca
     """Fine-tune per ``cfg``. With ``tracker=None`` a run is started and closed here; a tracker passed in (HPO's
     nested child run) is logged to but left open for its owner to close. ``dataset`` replaces loading
     ``cfg.data`` (k-fold passes each fold's split); ``warm`` keeps the tokenizer and tokenized tables between
-    runs of one process (HPO trials)."""
+    runs of one process (HPO trials). Under torchrun each process calls this (see the module docstring); the
+    progress bar and the start-up lines are rank 0's."""
     device = device or hardware.detect()
+    with distributed.session(cfg.distributed, device) as world:
+        return _train(cfg, world, tracker, callbacks, progress and world.is_main, device, verbose and world.is_main,
+                      dataset, warm)
+
+
+def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Sequence[Callback], progress: bool,
+           device: hardware.DeviceInfo, verbose: bool, dataset: Optional[data_mod.Dataset],
+           warm: Optional[WarmStart]) -> TrainResult:
     tokenizer = warm.tokenizer(cfg.model) if warm else None
     checked = prepare.check(cfg, dataset, tokenizer)  # every input problem at once, before a run exists
-    dataset, tokenizer, resuming = checked.dataset, checked.tokenizer, checked.resume
+    dataset, tokenizer = checked.dataset, checked.tokenizer
+    resuming = resume.agreed(world, checked.resume, dataset)  # rank 0's choice of run and checkpoint, on every rank
     micro_batch, finder_params = batch_finder.resolve(cfg, device, dataset, tokenizer, verbose=verbose)
-    resuming.check_batch(micro_batch, accumulation.plan(cfg.train.target_effective_batch, micro_batch)[0])
+    if world.size > 1:  # each rank searched its own device: the smallest answer fits them all
+        micro_batch = world.agree_min(micro_batch)
+        finder_params = {**finder_params, "batch_finder.micro_batch": str(micro_batch)} if finder_params else {}
+    resuming.check_batch(micro_batch, accumulation.plan(cfg.train.target_effective_batch, micro_batch, world.size)[0],
+                         world.size)
     owned = tracker is None
-    if owned:
+    if owned and world.is_main:
         tracker = start(cfg.tracking, run_name=run_name(cfg),
                         tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
                               "maxout.model": cfg.model.name, "maxout.data": cfg.data.name,
                               "maxout.run_key": resuming.run_key},
                         run_id=resuming.run_id)
+        distributed.announce_run(tracker.run_id, cfg.tracking)  # for the --nproc-per-node launcher
+    elif owned:
+        tracker = NullTracker()  # one run per job: only rank 0 logs
     guard = closing(tracker) if owned else _no_close(tracker)
-    with guard:
-        setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch,
+    with guard, distributed.reporting_failures(world):
+        run_id = world.broadcast(tracker.run_id)  # the job's run, on every rank
+        resuming.run_id = run_id or resuming.run_id
+        setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch, world=world,
                       encode=warm.encode if warm else data_mod.encode)
         setup.oom.attach(tracker)  # out-of-memory recoveries are logged as they happen
         if verbose:
@@ -201,22 +231,24 @@ def train(cfg: Config, tracker: Optional[Tracker] = None, callbacks: Sequence[Ca
             selected = selection.finish()  # the model holds the selected evaluation's weights from here on
         finally:
             selection.close()
+        results = world.combine(results)  # throughput summed over the ranks, peak memory the max
         selected = selected or evaluate_now(setup, selection)
         results.update({**selected.metrics, **setup.timings,
                         **selection_metrics(selected, selection, setup.steps_per_epoch, setup.total_steps)})
         mean_len = results["train/real_tokens"] / max(results["train/samples"], 1)
         flops = m.flops_per_token(setup.model, setup.model_config, mean_len)
         peak = hardware.peak_flops(device, setup.decision("precision").effective, setup.decision("tf32").effective)
-        results["perf/mfu"] = m.mfu(flops, results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]),
-                                    peak)
+        tokens_per_device = results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]) / world.size
+        results["perf/mfu"] = m.mfu(flops, tokens_per_device, peak)  # per device: the peak is one device's
         results["perf/flops_per_token"] = flops
         log_outcome(setup, tracker, results, selection, selected, warm)
         try:
             model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
         except MaxoutError as err:  # the server stayed away: say where the weights are and how to finish the run
             raise resuming.model_not_stored(err, setup.total_steps) if owned else err
-    resuming.finished()
-    return TrainResult({k: v for k, v in results.items() if v is not None}, tracker.run_id, model_uri, setup, params)
+    if world.is_main:
+        resuming.finished()
+    return TrainResult({k: v for k, v in results.items() if v is not None}, run_id, model_uri, setup, params)
 
 
 class _no_close:

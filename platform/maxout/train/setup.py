@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from transformers import get_scheduler
@@ -23,9 +23,10 @@ from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
-from ..optimizations import dataloader, deterministic, fast_dropout, freeze, fused_adamw, grad_clipping
-from ..optimizations import gradient_checkpointing, lora, packing, precision as precision_opt, tf32
+from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
+from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, precision as precision_opt, tf32
 from ..serving import pooling
+from .distributed import SINGLE, World
 from .divergence import DivergenceWatch
 from .oom import OOMRecovery
 
@@ -54,9 +55,15 @@ class Setup:
     timings: dict = field(default_factory=dict)  # time/model_load_s, time/tokenize_s: the set-up a trial pays
     oom: OOMRecovery = field(default_factory=OOMRecovery)  # halves the rows per forward on out-of-memory
     divergence: DivergenceWatch = field(default_factory=DivergenceWatch)  # the first non-finite step, on device
+    world: World = SINGLE  # this process's place in the job (train/distributed.py)
+    parallel: Any = None  # DDP's wrapper, or the FSDP-sharded model; None in one process
 
     def decision(self, name: str) -> Decision:
         return named(self.decisions, name)
+
+    def gradient_sync(self, last: bool) -> ContextManager:
+        """Data parallel: gradients cross the network on the optimizer step's last backward only."""
+        return data_parallel.gradient_sync(self.parallel, last)
 
     @property
     def packed(self) -> bool:
@@ -93,10 +100,11 @@ def resolve_micro_batch(cfg: Config) -> int:
     return int(batch)
 
 
-def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type) -> list[Decision]:
-    """Every decision that needs nothing built, from the config, the device and the model's class alone. build()
-    applies these and never decides them again, and ``maxout audit`` asks this what a config would get on a device
-    without building anything: the reasons it lists are the very strings a run logs as ``opt.<name>.reason``."""
+def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: World = SINGLE) -> list[Decision]:
+    """Every decision that needs nothing built, from the config, the device, the model's class and the job's
+    processes alone. build() applies these and never decides them again, and ``maxout audit`` asks this what a
+    config would get on a device without building anything: the reasons it lists are the very strings a run logs
+    as ``opt.<name>.reason``."""
     hw, tr, dc = cfg.hardware, cfg.train, cfg.data
     d_det = decide("deterministic", tr.deterministic, deterministic.supported(device))
     d_prec = precision_opt.resolve(hw.precision, device)
@@ -104,7 +112,7 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type) -> list[D
     d_cudnn = decide("cudnn_benchmark", hw.cudnn_benchmark, cudnn_benchmark.supported(device, d_det.effective))
     d_attn = attention.resolve(hw.attn_implementation, model_class, device, d_prec.effective)
     d_ckpt = decide("gradient_checkpointing", hw.gradient_checkpointing, gradient_checkpointing.supported(model_class))
-    _, d_loader = dataloader.resolve(hw, device)
+    _, d_loader = dataloader.resolve(hw, device, world.local_size)
     d_pad = packing.resolve(dc.padding, model_class.config_class.model_type, d_attn.effective)
     # Packing that fell back pads dynamically, with length bucketing whatever data.bucketing says.
     d_bucket = (Decision("bucketing", dc.bucketing, True, "padding fell back from packed") if d_pad.changed
@@ -116,8 +124,9 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type) -> list[D
               else Decision("compile_mode", hw.compile_mode, "none", "compile is off"))
     d_dropout = decide("fast_dropout", hw.fast_dropout,
                        fast_dropout.supported(device, d_compile.effective, d_ckpt.effective))
+    d_parallel = data_parallel.resolve(cfg.distributed.strategy, world.size, world.initialized, d_prec.effective)
     return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_fused, d_clip, d_compile,
-            d_mode, d_dropout]
+            d_mode, d_dropout, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -163,23 +172,23 @@ Encode = Callable[[Any, data_mod.Table, int], data_mod.Encoded]  # data.encode, 
 
 
 def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any, micro_batch: int,
-                  model_config: Any, planned: list[Decision], encode: Encode = data_mod.encode
-                  ) -> tuple[Any, Any, bucketing.EpochBatchSampler]:
+                  model_config: Any, planned: list[Decision], encode: Encode = data_mod.encode,
+                  world: World = SINGLE) -> tuple[Any, Any, bucketing.EpochBatchSampler]:
     dc = cfg.data
     train_enc = encode(tokenizer, dataset.train, dc.max_length)
     eval_enc = encode(tokenizer, dataset.validation, dc.max_length)
     collate = build_collator(cfg, device, tokenizer)
     settings = loader_settings(planned)
-    if named(planned, "padding").effective == "packed":
+    if named(planned, "padding").effective == "packed":  # this rank's share of the epoch's token-budget batches
         budget = packing.token_budget(dc.max_tokens_per_batch, micro_batch, train_enc.lengths)
         sampler, packed_collate = packing.apply(train_enc.lengths, budget, cfg.train.seed, packing.position_start(
-            model_config.model_type, model_config.pad_token_id))
+            model_config.model_type, model_config.pad_token_id), world.rank, world.size)
         train_loader = dataloader.apply(train_enc, sampler, packed_collate, settings)
-    else:
+    else:  # this rank's share of each global batch
         sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed,
-                                  named(planned, "bucketing").effective, dc.bucket_batches)
+                                  named(planned, "bucketing").effective, dc.bucket_batches, world.rank, world.size)
         train_loader = dataloader.apply(train_enc, sampler, collate, settings)
-    eval_loader = _eval_loader(eval_enc, micro_batch, collate, settings)
+    eval_loader = _eval_loader(eval_enc, micro_batch, collate, settings, world)
     return train_loader, eval_loader, sampler
 
 
@@ -188,17 +197,17 @@ def loader_settings(planned: list[Decision]) -> dataloader.LoaderSettings:
         "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")))
 
 
-def _eval_loader(enc: data_mod.Encoded, micro_batch: int, collate: Any, settings: Any) -> Any:
+def _eval_loader(enc: data_mod.Encoded, micro_batch: int, collate: Any, settings: Any, world: World) -> Any:
     # Evaluation: no gradients, so twice the batch fits; rows in length order pad least (order is irrelevant).
-    order = sorted(range(len(enc)), key=enc.lengths.__getitem__)
-    batches = [order[i:i + 2 * micro_batch] for i in range(0, len(order), 2 * micro_batch)]
+    # Each rank evaluates its share (evaluate.py sums the counts over the ranks).
+    batches = bucketing.eval_batches(enc.lengths, 2 * micro_batch, world.rank, world.size)
     return dataloader.apply(enc, batches, collate, settings)
 
 
 def split_loader(s: Setup, table: data_mod.Table, encode: Encode = data_mod.encode) -> Any:
     """An evaluation loader for another split (the test set), built like the validation loader."""
     return _eval_loader(encode(s.tokenizer, table, s.cfg.data.max_length), s.micro_batch,
-                        build_collator(s.cfg, s.device, s.tokenizer), loader_settings(s.decisions))
+                        build_collator(s.cfg, s.device, s.tokenizer), loader_settings(s.decisions), s.world)
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module, total_steps: int, planned: list[Decision]
@@ -211,6 +220,14 @@ def build_optimizer(cfg: Config, model: torch.nn.Module, total_steps: int, plann
     return optimizer, scheduler
 
 
+def build_parallel(cfg: Config, device: DeviceInfo, model: torch.nn.Module, world: World,
+                   planned: list[Decision]) -> Optional[torch.nn.Module]:
+    """DDP or FSDP across the job's processes; before the optimizer, whose parameters FSDP replaces with shards."""
+    dc = cfg.distributed
+    return data_parallel.apply(model, named(planned, "data_parallel").effective, device.torch_device,
+                               world.local_rank, dc.find_unused_parameters, dc.fsdp_reshard_after_forward)
+
+
 def build_compile(cfg: Config, model: torch.nn.Module, planned: list[Decision]) -> Callable:
     if not named(planned, "compile").effective:
         return model
@@ -220,22 +237,28 @@ def build_compile(cfg: Config, model: torch.nn.Module, planned: list[Decision]) 
 
 
 def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-          micro_batch: Optional[int] = None, encode: Encode = data_mod.encode) -> Setup:
+          micro_batch: Optional[int] = None, encode: Encode = data_mod.encode, world: World = SINGLE) -> Setup:
     micro_batch = micro_batch or resolve_micro_batch(cfg)
     model_config = modeling.build_config(cfg.model, dataset.label_names, len(tokenizer), tokenizer.pad_token_id)
-    decisions = plan_decisions(cfg, device, modeling.model_class(model_config))
+    decisions = plan_decisions(cfg, device, modeling.model_class(model_config), world)
     apply_backend(cfg, decisions)
     started = time.perf_counter()
     model, d_model = build_model(cfg, device, model_config, decisions)
     loaded = time.perf_counter()
+    if world.size > 1:  # same initial weights on every rank (seeded alike above), then each rank its own dropout
+        deterministic.seed_everything(cfg.train.seed + world.rank)
     train_loader, eval_loader, sampler = build_loaders(cfg, device, dataset, tokenizer, micro_batch, model_config,
-                                                       decisions, encode)
+                                                       decisions, encode, world)
     timings = {"time/model_load_s": loaded - started, "time/tokenize_s": time.perf_counter() - loaded}
     classifier = build_classifier(cfg, model, named(decisions, "padding").effective == "packed")
-    accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch)
+    accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch, world.size)
     _, total = planned_steps(sampler.batches_in_epoch, accum_steps, cfg.train)
+    # DDP wraps what the loop calls (the pooling head included, so its gradients are all-reduced too); FSDP shards
+    # the model in place, and the loop calls it through the classifier as in one process.
+    ddp = named(decisions, "data_parallel").effective == "ddp"
+    parallel = build_parallel(cfg, device, classifier if ddp else model, world, decisions)
     optimizer, scheduler = build_optimizer(cfg, model, total, decisions)
-    forward = build_compile(cfg, classifier, decisions)
+    forward = build_compile(cfg, parallel if ddp else classifier, decisions)
     if named(decisions, "fast_dropout").effective:
         forward = fast_dropout.apply(forward)
     decisions += d_model + [d_accum]
@@ -245,10 +268,13 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
                   eval_loader=eval_loader, sampler=sampler, micro_batch=micro_batch, accum_steps=accum_steps,
                   clip_norm=cfg.train.max_grad_norm if named(decisions, "grad_clipping").effective else 0.0,
-                  decisions=decisions, timings=timings)
+                  decisions=decisions, timings=timings, world=world, parallel=parallel,
+                  # one rank re-running a step alone would leave the others waiting at its all-reduce
+                  oom=OOMRecovery(enabled=world.size == 1))
     counts = modeling.count_parameters(model)
     setup.derived = {
-        "micro_batch": micro_batch, "accumulation_steps": accum_steps, "effective_batch": micro_batch * accum_steps,
+        "micro_batch": micro_batch, "accumulation_steps": accum_steps,
+        "effective_batch": micro_batch * accum_steps * world.size,
         "steps_per_epoch": setup.steps_per_epoch, "total_steps": setup.total_steps,
         "warmup_steps": int(cfg.train.warmup_ratio * setup.total_steps),
         "train_samples": len(dataset.train), "validation_samples": len(dataset.validation),
