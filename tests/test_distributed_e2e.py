@@ -52,6 +52,7 @@ def equivalence(directory: Path, *extra: str) -> list[str]:
     return ["hardware=cpu", "model=tiny", "model.dropout=0.0", "hardware.precision=fp32", "train.deterministic=true",
             "train.epochs=6", "train.log_every=1", "train.target_effective_batch=16", "tracking.system_metrics=false",
             f"data.train_path={directory / 'train.csv'}", f"data.validation_path={directory / 'validation.csv'}",
+            "train.select_best=last",  # the last step's weights: what the processes must agree on
             "checkpoint.every_n_steps=2", f"checkpoint.dir={directory / 'ckpt'}", f"distributed.timeout_s={TIMEOUT_S}",
             *extra]
 
@@ -145,6 +146,32 @@ def test_fsdp_on_cpu_trains_like_ddp_and_logs_the_same_model(tmp_path, mlflow_st
     run_ = the_run(uri)
     assert run_.info.status == "FINISHED" and run_.data.params["opt.data_parallel.effective"] == "fsdp"
     assert_trained_like(uri, run_, micro_8_x_2)  # the logged model: the full state dict gathered from the shards
+
+
+def test_packed_batches_and_model_selection_under_fsdp_give_ddps_model(tmp_path, mlflow_store):
+    """Packing (token-budget batches dealt out by rank), per-sample pooling under FSDP's root, and the selected
+    evaluation's weights kept from the shards: the same run as under DDP, which holds whole weights."""
+    uri, models = mlflow_store["uri"], {}
+    for strategy in ("ddp", "fsdp"):
+        folder = tmp_path / strategy
+        folder.mkdir()
+        args = [*equivalence(folder, "train.batch_size=4", f"distributed.strategy={strategy}",
+                             "data.padding=packed", "data.max_tokens_per_batch=auto", "train.select_best=eval/loss",
+                             "train.eval_every_epochs=0.5", "train.lr=1e-3", f"tracking.run_name={strategy}")]
+        job = run([sys.executable, "-m", "maxout", "train", "--nproc-per-node", "2", "--no-progress", *args,
+                   *mlflow_store["overrides"]])
+        assert job.returncode == 0, job.stderr[-3000:]
+        (run_,) = [r for r in runs_in(uri) if r.info.run_name == strategy]
+        params, metrics = run_.data.params, run_.data.metrics
+        assert run_.info.status == "FINISHED" and params["opt.data_parallel.effective"] == strategy
+        assert params["opt.padding.effective"] == "packed" and params["derived.pooling"]
+        losses = history(uri, run_.info.run_id, "eval/loss")
+        best_step, best_loss = min(((s, v) for s, v in losses), key=lambda sv: sv[1])
+        assert metrics["best/step"] == best_step and abs(metrics["best/eval/loss"] - best_loss) < TOL
+        models[strategy] = (best_step, logged_weights(uri, run_))
+    assert models["ddp"][0] == models["fsdp"][0]
+    ddp, fsdp = models["ddp"][1], models["fsdp"][1]
+    assert set(ddp) == set(fsdp) and max((ddp[k] - fsdp[k]).abs().max().item() for k in ddp) < 1e-5
 
 
 def _checkpoint_at(root: Path, job: subprocess.Popen, min_step: int, timeout_s: float = 600) -> None:

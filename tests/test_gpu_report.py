@@ -101,7 +101,7 @@ def test_an_unknown_section_is_a_one_line_error(tmp_path, capsys):
 
 def test_the_sections_come_in_order_of_value():
     assert [s.name for s in SECTIONS] == ["environment", "gpu_tests", "vs_trainer", "mfu", "ablation",
-                                          "batch_finder", "tracking"]
+                                          "batch_finder", "tracking", "audit"]
     assert all({"cuda"} & set(s.needs) for s in SECTIONS if s.name in ("gpu_tests", "mfu", "batch_finder"))
 
 
@@ -203,7 +203,7 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
     assert done.returncode == 0, done.stdout[-4000:]
     assert {n: e["status"] for n, e in got.items()} == {
         "environment": "ok", "gpu_tests": "skipped", "vs_trainer": "ok", "mfu": "skipped", "ablation": "ok",
-        "batch_finder": "skipped", "tracking": "ok"}
+        "batch_finder": "skipped", "tracking": "ok", "audit": "ok"}
     assert got["gpu_tests"]["reason"] == "needs a CUDA device: every gpu-marked test would skip"
     assert got["mfu"]["reason"].startswith("needs a CUDA device: there is no meaningful peak")
     assert got["environment"]["results"]["cuda"] is False and got["environment"]["results"]["matmul"]["bf16"][
@@ -213,6 +213,9 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
     (grid,) = got["ablation"]["results"]["grids"].values()
     assert [c["cell"] for c in grid["cells"]] == ["fused_adamw=off", "fused_adamw=on"]
     assert got["tracking"]["results"]["overhead"]["summary"]["mlflow"]["median_ratio"] > 0
+    audited = got["audit"]["results"]["report"]
+    assert {lever["name"] for lever in audited["levers"]} >= {"bucketing", "fused_adamw", "packing"}
+    assert 0 < audited["verdict"]["share_of_best"] <= 1
     files = sorted(p.name for p in out.iterdir())
     assert files[:2] == ["ablation.png", "environment.png"] and {"report.json", "report.md"} <= set(files)
     assert len(files) <= 7 and all((out / f).stat().st_size < 16 * 2**20 for f in files)  # + the command's log

@@ -238,6 +238,28 @@ def test_token_budget_batches_hold_every_row_once_within_the_budget():
     assert list(sampler) == sampler.batches(1)[4:]  # a resumed run skips what it consumed
 
 
+def test_data_parallel_ranks_take_disjoint_equal_shares_of_the_token_budget_batches():
+    import random
+
+    from maxout.optimizations import bucketing
+
+    rng = random.Random(1)
+    lengths = [max(8, min(256, int(rng.expovariate(1 / 60)))) for _ in range(301)]
+    one = packing.TokenBudgetSampler(lengths, max_tokens=1024, seed=3)
+    ranks = [packing.TokenBudgetSampler(lengths, max_tokens=1024, seed=3, rank=r, world_size=3) for r in range(3)]
+    for epoch in range(2):
+        for sampler in (one, *ranks):
+            sampler.set_epoch(epoch)
+        every = one.batches()
+        shares = [list(r) for r in ranks]
+        assert len({len(s) for s in shares}) == 1 and len(shares[0]) == len(every) // 3  # every rank steps alike
+        assert [len(r) for r in ranks] == [r.batches_in_epoch(epoch) for r in ranks] == [len(every) // 3] * 3
+        dealt = [b for step in zip(*shares) for b in step]  # step by step, rank 0 first: the one-process order
+        assert dealt == every[:len(dealt)] and len(every) - len(dealt) < 3  # at most world - 1 batches left out
+    # balanced by construction: the busiest rank's tokens per step over the mean stays close to 1
+    assert bucketing.token_imbalance(ranks[0]) < 1.25
+
+
 def test_auto_budget_is_the_micro_batch_times_the_mean_row_length():
     assert packing.token_budget("auto", 4, [10, 20, 30]) == 80
     assert packing.token_budget("auto", 1, [10, 20, 300]) == 300  # never below the longest row

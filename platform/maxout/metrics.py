@@ -171,6 +171,21 @@ def _first_tensor(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     return next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
 
 
+@dataclass(frozen=True)
+class FlopProbe:
+    """What ``probe`` recorded: enough to count FLOPs at any mean length without running the model again."""
+
+    linears: tuple
+    attentions: tuple
+    tokens: int
+
+
+def probe(model: torch.nn.Module, config: Any, tokens: int = 8) -> FlopProbe:
+    """The model's matmuls as autograd runs them (see ``count_flops``). Run it on the plain model, before data
+    parallelism wraps or shards it (the trainer does, at set-up): a sharded model only runs through its root."""
+    return FlopProbe(*map(tuple, _probe(model, config, tokens)), tokens)
+
+
 def _probe(model: torch.nn.Module, config: Any, tokens: int) -> tuple[list[_Linear], list[_Attention]]:
     """Run one row of ``tokens`` tokens through ``model`` (eval mode, gradients on) and record, per linear layer
     and per attention layer, what autograd would have to compute for it."""
@@ -215,9 +230,12 @@ def _keys_per_query(seq_len: float, causal: bool, window: Optional[int]) -> floa
     return seq_len / 2
 
 
-def count_flops(model: torch.nn.Module, config: Any, mean_seq_len: float, probe_tokens: int = 8) -> FlopCount:
-    """Training FLOPs per real token of ``model`` (optionally peft-wrapped) at mean real length ``mean_seq_len``."""
-    linears, attentions = _probe(model, config, probe_tokens)
+def count_flops(model: torch.nn.Module | FlopProbe, config: Any, mean_seq_len: float,
+                probe_tokens: int = 8) -> FlopCount:
+    """Training FLOPs per real token of ``model`` (optionally peft-wrapped; or its ``probe``) at mean real length
+    ``mean_seq_len``."""
+    found = model if isinstance(model, FlopProbe) else probe(model, config, probe_tokens)
+    linears, attentions, probe_tokens = list(found.linears), list(found.attentions), found.tokens
     forward = weight_grads = input_grads = 0.0
     for layer in linears:
         per_token = layer.rows / probe_tokens if layer.rows > 1 else 1.0 / max(mean_seq_len, 1.0)
@@ -236,7 +254,7 @@ def count_flops(model: torch.nn.Module, config: Any, mean_seq_len: float, probe_
     return FlopCount(forward, weight_grads, input_grads, attention)
 
 
-def flops_per_token(model: torch.nn.Module, config: Any, mean_seq_len: float) -> float:
+def flops_per_token(model: torch.nn.Module | FlopProbe, config: Any, mean_seq_len: float) -> float:
     """Training FLOPs per real token (the MFU numerator's first factor; see ``count_flops``)."""
     return count_flops(model, config, mean_seq_len).total
 

@@ -1,10 +1,11 @@
 """The GPU report's sections, in order of value (registry.py says what a section is). Add one by appending its
-Section here: issue 16's packed vs bucketed batches (BERT-base and a 1B decoder), issue 18's `maxout audit`,
-issue 15's 1-vs-N GPU scaling. Importing this is light: each section imports torch and maxout when it runs."""
+Section here. Packed vs bucketed batches are a grid of the ablation; 1-vs-N GPU scaling needs a machine with
+several GPUs (benchmarks/bench_ddp.py). Importing this is light: each section imports torch and maxout when it
+runs."""
 
 from __future__ import annotations
 
-from . import ablation, environment, gpu_tests, memory, mfu, tracking, vs_trainer
+from . import ablation, audit, environment, gpu_tests, memory, mfu, tracking, vs_trainer
 
 SECTIONS = [
     environment.SECTION,
@@ -14,4 +15,5 @@ SECTIONS = [
     ablation.SECTION,
     memory.SECTION,
     tracking.SECTION,
+    audit.SECTION,
 ]

@@ -1,8 +1,10 @@
 """5. The ablation on a GPU, through ``maxout benchmark``'s machinery (insight/benchmark.py, insight/grid.py): one
 grid per question, each against its own baseline cell, in order of value: precision (fp32, TF32, fp16, bf16),
-attention (eager, SDPA, flash-attention 2 where its package is installed), fused AdamW, length bucketing, compile
-(off, default) and the compile mode (default, max-autotune, on static shapes so CUDA graphs can run). Speed-up,
-memory ratio and compile seconds per cell. A grid that no longer fits the section's time is left out, and says so.
+attention (eager, SDPA, flash-attention 2 where its package is installed), fused AdamW, length bucketing, how rows
+become batches (padded, length-bucketed, packed by a token budget) on the 128-512-token mix where padding costs
+most, compile (off, default), and the compile mode (default, max-autotune, on static shapes so CUDA graphs can
+run). Speed-up, padding efficiency, memory ratio and compile seconds per cell. A grid that no longer fits the
+section's time is left out, and says so.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ def grids(ctx: Context, cuda: bool) -> list[tuple[str, str, list[str], float]]:
     if not ctx.full:  # smoke: the code path, not a figure
         return [("fused AdamW", "fused_adamw=off,on", [], 10)]
     compiled = ["hardware.compile=true"]
+    long_rows = workloads.long_mix(ctx.work, rows=2048)
     return [("precision", "precision=fp32,fp16,bf16 tf32=off,on", [], 60),
             ("attention", "attention=eager,sdpa,flash_attention_2", [], 30),
             ("fused AdamW", "fused_adamw=off,on", [], 20),
             ("bucketing", "bucketing=off,on", [], 20),
+            ("padding (128-512 tokens)", "padding=dynamic,bucketed,packed", long_rows, 60),
             ("compile", "compile=off,on", [], 90),
             ("compile mode (static shapes)", "compile_mode=default,max-autotune", compiled + STATIC, 300)]
 
@@ -64,17 +68,18 @@ def markdown(results: dict) -> str:
     setup = results.get("setup", {})
     lines = [f"Model: random {setup.get('model')}; {setup.get('steps_per_cell')} optimizer steps per cell, steady "
              f"state; base: `{' '.join(setup.get('base_overrides', []))}`.", "",
-             "| grid | cell | samples/s | speed-up | peak memory GiB | memory ratio | MFU | compile s | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| grid | cell | samples/s | speed-up | padding eff. | peak memory GiB | memory ratio | MFU | compile s | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, g in results.get("grids", {}).items():
         if "left_out" in g:
-            lines.append(f"| {name} | `{g['grid']}` | | | | | | | left out: {g['left_out']} |")
+            lines.append(f"| {name} | `{g['grid']}` | | | | | | | | left out: {g['left_out']} |")
             continue
         for c in g["cells"]:
             note = c["reason"] or ("baseline" if c["cell"] == g["baseline"] else "")
             note = f"{c['status']}: {note}" if c["status"] != "ok" else note
             lines.append(f"| {name} | {c['cell']} | {fmt(c['steady samples/s'], '.1f')} | "
-                         f"{fmt(c['speed-up'], '.2f', '×')} | {fmt(c['peak memory GiB'], '.2f')} | "
+                         f"{fmt(c['speed-up'], '.2f', '×')} | {fmt(c.get('padding efficiency'), '.0%')} | "
+                         f"{fmt(c['peak memory GiB'], '.2f')} | "
                          f"{fmt(c['memory ratio'], '.2f', '×')} | {fmt(c['MFU'], '.1%')} | "
                          f"{fmt(c['compile s'], '.1f')} | {note.replace('|', '/')} |")
     return "\n".join(lines)

@@ -46,6 +46,8 @@ class DivergenceWatch:
             grad_norm = torch.zeros_like(loss)  # fp16: the GradScaler skips a step whose gradients overflowed
         elif grad_norm is None:
             grad_norm = total_norm(parameters)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor (every rank records each step, so all take part)
+            grad_norm = grad_norm.full_tensor()
         values = torch.stack((torch.full_like(loss, step, dtype=torch.float32), loss.float(),
                               grad_norm.to(loss.device, torch.float32)))
         if self.first is None:

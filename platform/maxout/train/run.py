@@ -236,7 +236,7 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
         results.update({**selected.metrics, **setup.timings,
                         **selection_metrics(selected, selection, setup.steps_per_epoch, setup.total_steps)})
         mean_len = results["train/real_tokens"] / max(results["train/samples"], 1)
-        flops = m.flops_per_token(setup.model, setup.model_config, mean_len)
+        flops = m.flops_per_token(setup.flop_probe or setup.model, setup.model_config, mean_len)
         peak = hardware.peak_flops(device, setup.decision("precision").effective, setup.decision("tf32").effective)
         tokens_per_device = results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]) / world.size
         results["perf/mfu"] = m.mfu(flops, tokens_per_device, peak)  # per device: the peak is one device's

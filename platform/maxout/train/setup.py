@@ -17,6 +17,7 @@ import torch
 from transformers import get_scheduler
 
 from .. import data as data_mod
+from .. import metrics as m
 from .. import modeling
 from ..config import Config
 from ..errors import ConfigError
@@ -53,6 +54,7 @@ class Setup:
     decisions: list = field(default_factory=list)
     derived: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)  # time/model_load_s, time/tokenize_s: the set-up a trial pays
+    flop_probe: Any = None  # metrics.FlopProbe of the plain model, for MFU (taken before data parallelism wraps it)
     oom: OOMRecovery = field(default_factory=OOMRecovery)  # halves the rows per forward on out-of-memory
     divergence: DivergenceWatch = field(default_factory=DivergenceWatch)  # the first non-finite step, on device
     world: World = SINGLE  # this process's place in the job (train/distributed.py)
@@ -253,12 +255,12 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
     classifier = build_classifier(cfg, model, named(decisions, "padding").effective == "packed")
     accum_steps, d_accum = accumulation.plan(cfg.train.target_effective_batch, micro_batch, world.size)
     _, total = planned_steps(sampler.batches_in_epoch, accum_steps, cfg.train)
-    # DDP wraps what the loop calls (the pooling head included, so its gradients are all-reduced too); FSDP shards
-    # the model in place, and the loop calls it through the classifier as in one process.
-    ddp = named(decisions, "data_parallel").effective == "ddp"
-    parallel = build_parallel(cfg, device, classifier if ddp else model, world, decisions)
+    # Data parallelism wraps what the loop calls (with per-sample pooling, the head too): DDP all-reduces all its
+    # gradients, and FSDP's root (sharded in place) gathers whatever the pooled head calls outside the blocks.
+    flop_probe = m.probe(model, model_config)
+    parallel = build_parallel(cfg, device, classifier, world, decisions)
     optimizer, scheduler = build_optimizer(cfg, model, total, decisions)
-    forward = build_compile(cfg, parallel if ddp else classifier, decisions)
+    forward = build_compile(cfg, parallel or classifier, decisions)
     if named(decisions, "fast_dropout").effective:
         forward = fast_dropout.apply(forward)
     decisions += d_model + [d_accum]
@@ -268,7 +270,7 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   precision=precision_opt.apply(prec, device.torch_device), train_loader=train_loader,
                   eval_loader=eval_loader, sampler=sampler, micro_batch=micro_batch, accum_steps=accum_steps,
                   clip_norm=cfg.train.max_grad_norm if named(decisions, "grad_clipping").effective else 0.0,
-                  decisions=decisions, timings=timings, world=world, parallel=parallel,
+                  decisions=decisions, timings=timings, flop_probe=flop_probe, world=world, parallel=parallel,
                   # one rank re-running a step alone would leave the others waiting at its all-reduce
                   oom=OOMRecovery(enabled=world.size == 1))
     counts = modeling.count_parameters(model)
