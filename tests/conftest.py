@@ -75,3 +75,13 @@ def fake_cuda(name="NVIDIA GeForce RTX 3090", memory_gb=24.0, cc=(8, 6), flash=F
                       bf16=cc >= (8, 0), tf32=cc >= (8, 0), flash_attention=flash,
                       flash_attention_reason="" if flash else "the flash_attn package is not installed",
                       torch_version=torch.__version__, cpu_count=os.cpu_count() or 1, compiler="/usr/bin/cc")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for tiny-model steps: on a machine shared with other jobs, OpenMP threads spinning against
+    other processes make a step up to ten times slower. Nothing asserted depends on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

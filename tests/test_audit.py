@@ -24,14 +24,6 @@ SLOW = ["hardware=cpu", "model=tiny", "hardware.precision=fp32", "data.bucketing
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture
-def one_thread():
-    """One intra-op thread: on a machine shared with other jobs, two spinning OpenMP threads can take ten times
-    the CPU of one for the same step, which would swamp the differences these tests measure."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_levers_the_device_cannot_use_carry_the_training_runs_reason(cpu_device):
@@ -65,14 +57,14 @@ def test_levers_in_use_and_skipped_say_why(cpu_device):
 def test_packing_is_a_lever_unless_the_config_packs_already(cpu_device):
     cfg = loading.load(TINY, device=cpu_device)
     (row,) = [r for r in audit.plan_levers(cfg, cpu_device) if r.name == "packing"]
-    assert (row.status, row.overrides) == (levers.MEASURE, ("data.padding=packed",
-                                                                "data.max_tokens_per_batch=auto"))  # BERT keeps packed rows apart
+    # BERT keeps packed rows apart: a lever to measure, with the token budget packing needs
+    assert (row.status, row.overrides) == (levers.MEASURE, ("data.padding=packed", "data.max_tokens_per_batch=auto"))
     packed = loading.load([*TINY, "data.padding=packed", "data.max_tokens_per_batch=auto"], device=cpu_device)
     (row,) = [r for r in audit.plan_levers(packed, cpu_device) if r.name == "packing"]
     assert row.status == levers.IN_USE and "data.padding=packed already" in row.reason
 
 
-def test_the_breakdown_counts_the_loops_loss_read_at_its_true_rate(cpu_device, one_thread):
+def test_the_breakdown_counts_the_loops_loss_read_at_its_true_rate(cpu_device, one_torch_thread):
     cfg = loading.load([*TINY, "train.max_steps=-1"], device=cpu_device)
     checked = prepare.check(cfg)
 
@@ -131,7 +123,7 @@ def samples_per_cpu_s(overrides, cpu_device, dataset):
 
 @pytest.mark.slow
 def test_audit_of_a_slow_config_finds_its_levers_and_recommends_a_faster_one(mlflow_store, tmp_path, cpu_device,
-                                                                              one_thread, capsys):
+                                                                              one_torch_thread, capsys):
     out = tmp_path / "audit"
     chosen = "precision,bucketing,fused_adamw"
     code = cli.main(["audit", *SLOW, *mlflow_store["overrides"], "--levers", chosen, "--steps", "10",
@@ -202,7 +194,7 @@ def test_audit_of_a_slow_config_finds_its_levers_and_recommends_a_faster_one(mlf
 
 
 @pytest.mark.slow
-def test_the_budget_stops_the_audit_and_names_the_levers_it_did_not_reach(cpu_device, tmp_path, one_thread):
+def test_the_budget_stops_the_audit_and_names_the_levers_it_did_not_reach(cpu_device, tmp_path, one_torch_thread):
     budget = audit.MIN_BUDGET_S
     started = time.monotonic()
     report = audit.run_audit([*SLOW, "tracking=none"], budget_s=budget, out_dir=str(tmp_path), steps=5,

@@ -44,14 +44,7 @@ def study_name_where(*brackets_by_trial: set) -> str:
     raise AssertionError("no such study name")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """On the shared 2-core runner, OpenMP threads spinning against other processes made tiny-model steps ~10x
-    slower; one thread keeps these tests short. Nothing asserted depends on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 @pytest.fixture
@@ -443,7 +436,7 @@ def test_report_schedule_sets_the_trials_evaluations_and_the_pruners_resource(cp
     assert hpo_study.max_resource(cfg("hpo.pruner.max_resource=7"), 48) == 7
     assert hpo_study.max_resource(cfg("train.batch_size=auto", "train.target_effective_batch=null"), 48) is None
     assert trial_settings(cfg("hpo.report_every_steps=2").hpo) == {
-        "checkpoint.enabled": False, "train.eval_interval": 2, "train.eval_every_epochs": 0.5}
+        "checkpoint.enabled": False, "train.eval_interval": 2, "train.eval_every_epochs": 1.0}
     assert trial_settings(cfg("hpo.k_folds=3").hpo) == {"checkpoint.enabled": False}
     with pytest.raises(ConfigError, match="min_resource=7 is more than the 6 reports of a trial"):
         hpo_study.build_pruner(cfg("hpo.pruner.min_resource=7").hpo, 6)

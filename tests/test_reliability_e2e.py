@@ -146,9 +146,10 @@ class Outage(Callback):
 
 def outage_run(tmp_path, server: Server, up_at: int | None):
     url = server.start()
+    # upload_retry_s: a server away at the end costs the report artifacts one retry window, then a warning
     overrides = small(tmp_path, "train.epochs=3", "checkpoint.every_n_steps=2", "tracking=server",
                       f"tracking.uri={url}", f"tracking.spool_dir={tmp_path / 'spool'}",
-                      "tracking.system_metrics=false", "tracking.log_model=false")
+                      "tracking.system_metrics=false", "tracking.log_model=false", "tracking.upload_retry_s=2")
     return train(loading.load(overrides), callbacks=[Outage(server, down_at=3, up_at=up_at)], progress=False,
                  verbose=False)
 

@@ -30,13 +30,7 @@ from .conftest import ROOT, runs_in
 BASE = ["hardware=cpu", "model=tiny", "train.log_every=1", "train.batch_size=16", "tracking.system_metrics=false"]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny-model steps on the shared 2-core runner: one thread keeps them short. Nothing asserted depends on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 @pytest.fixture

@@ -408,7 +408,7 @@ class HpoConfig:
     max_retry: Optional[int] = 3  # retries of a trial whose worker died (None: unbounded)
     compile_cache_dir: Optional[str] = None  # TorchInductor's on-disk cache; None: beside the journal
     report_every_steps: Optional[int] = None  # trials report (evaluate) every N optimizer steps; None: ...
-    report_every_epochs: float = 0.5  # ... every this share of an epoch; the pruner's resource is one report
+    report_every_epochs: float = 1.0  # ... every this share of an epoch; the pruner's resource is one report
     warm_start: bool = True  # keep the config, tokenizer and tokenized tables in the worker between trials
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)

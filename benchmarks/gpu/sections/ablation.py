@@ -68,7 +68,8 @@ def markdown(results: dict) -> str:
     setup = results.get("setup", {})
     lines = [f"Model: random {setup.get('model')}; {setup.get('steps_per_cell')} optimizer steps per cell, steady "
              f"state; base: `{' '.join(setup.get('base_overrides', []))}`.", "",
-             "| grid | cell | samples/s | speed-up | padding eff. | peak memory GiB | memory ratio | MFU | compile s | note |",
+             "| grid | cell | samples/s | speed-up | padding eff. | peak memory GiB | memory ratio | MFU | compile s "
+             "| note |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, g in results.get("grids", {}).items():
         if "left_out" in g:

@@ -19,6 +19,7 @@ not counted as compute that pruning saved (the trial could not have gone on).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import statistics

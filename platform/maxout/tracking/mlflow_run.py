@@ -47,6 +47,7 @@ class MLflowTracker:
         self.run_id = run_id
         self.nested = nested
         self.upload_retry_s = upload_retry_s
+        self._away = False  # an upload already waited out upload_retry_s: the next ones try once, not again as long
         self._buffer: list[Any] = []
         self._last_flush = time.monotonic()
         self._spool = spool_mod.Spool(spool_mod.path_for(run_id, spool_dir), run_id,
@@ -181,19 +182,26 @@ class MLflowTracker:
         """An artifact upload. While the server (or its artifact store) is unreachable it is tried again every
         spool.Sender.retry_s seconds, as the spool retries metrics, for up to ``upload_retry_s``; after that, or on a
         refusal, it fails in one line naming the run and where its artifacts go (closing() then ends the run
-        FAILED). Each try is one attempt per request, instead of MLflow's minutes of retries."""
-        deadline, tries = time.monotonic() + self.upload_retry_s, 0
+        FAILED). Each try is one attempt per request, instead of MLflow's minutes of retries. Once an upload has
+        waited out the whole window, the run's later uploads try once each until one gets through: a server that
+        stayed away that long costs the run one window, not one per artifact."""
+        deadline, tries = time.monotonic() + (0.0 if self._away else self.upload_retry_s), 0
         while True:
             tries += 1
             try:
                 with spool_mod.fail_fast_http(UPLOAD_HTTP):
-                    return upload()
+                    result = upload()
+                self._away = False
+                return result
             except _storage_errors() as err:
                 left = deadline - time.monotonic()
                 if not _unreachable(err) or left <= 0:
                     retried = f" (tried {tries} times over {self.upload_retry_s:.0f} s)" if tries > 1 else ""
+                    if _unreachable(err) and (self._away or tries > 1):
+                        retried = retried or f" (away since an earlier upload waited {self.upload_retry_s:.0f} s)"
+                        self._away = True
                     raise MaxoutError(f"storing artifacts of run {self.run_id} at {redact(self.artifact_uri)} failed"
-                                      f"{retried}: {redact(first_line(err))[:500]}") from err
+                                      f"{retried}: {redact(first_line(err))[:800]}") from err
                 if tries == 1:
                     log.warning("maxout: storing artifacts of run %s failed (%s); trying again every %.0f s for up "
                                 "to %.0f s", self.run_id, type(err).__name__, spool_mod.Sender.retry_s,

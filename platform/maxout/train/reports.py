@@ -7,12 +7,14 @@
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..errors import MaxoutError
 from ..tracking.tracker import Tracker
 from .evaluate import Evaluation
 
@@ -58,7 +60,16 @@ def confusion_png(confusion: list[list[int]], label_names: list[str], title: str
 
 
 def log(tracker: Tracker, split: str, evaluation: Evaluation, label_names: list[str], step: int) -> None:
-    """The three artifacts of ``split`` under ``<split>/``."""
+    """The three artifacts of ``split`` under ``<split>/``. They summarise what the run's metrics already hold, so a
+    server that stays away costs the report (one warning), not the run; the model's upload decides that."""
+    try:
+        _log(tracker, split, evaluation, label_names, step)
+    except MaxoutError as err:
+        logging.getLogger("maxout").warning("maxout: the %s report (confusion matrix, classification report) was not "
+                                            "stored: %s; its figures are in the run's metrics", split, err)
+
+
+def _log(tracker: Tracker, split: str, evaluation: Evaluation, label_names: list[str], step: int) -> None:
     names = [str(n) for n in label_names]
     total = int(sum(map(sum, evaluation.confusion)))
     tracker.log_dict({"split": split, "step": step, "labels": names, "rows": "true label",

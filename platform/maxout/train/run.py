@@ -241,8 +241,8 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
         tokens_per_device = results.get("perf/steady_tokens_per_s", results["perf/tokens_per_s"]) / world.size
         results["perf/mfu"] = m.mfu(flops, tokens_per_device, peak)  # per device: the peak is one device's
         results["perf/flops_per_token"] = flops
-        log_outcome(setup, tracker, results, selection, selected, warm)
-        try:
+        try:  # the reports' artifacts, then the model: uploads that may find the server away
+            log_outcome(setup, tracker, results, selection, selected, warm)
             model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
         except MaxoutError as err:  # the server stayed away: say where the weights are and how to finish the run
             raise resuming.model_not_stored(err, setup.total_steps) if owned else err

@@ -18,10 +18,11 @@ Early stopping: ``patience`` evaluations in a row without an improvement of more
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import psutil
 import torch
@@ -33,6 +34,8 @@ from .evaluate import Evaluation
 
 MEMORY_SHARE = 0.25  # keep_best_in=auto: in memory when the snapshot takes at most this share of available memory
 FILE_NAME = "best.pt"
+
+log = logging.getLogger("maxout")
 
 
 @dataclass
@@ -103,9 +106,14 @@ class ModelSelection(Callback):
     def _keep(self) -> None:
         params = dict(self.model.named_parameters())
         if self.keep_in == "disk":
-            save_atomic({name: params[name].detach().cpu() for name in self.names}, self.path)
-            self._saved = True
-            return
+            try:
+                save_atomic({name: params[name].detach().cpu() for name in self.names}, self.path)
+                self._saved = True
+                return
+            except OSError as err:  # a full or read-only disk: the best waits in memory instead
+                log.warning("maxout: the best weights cannot be written to %s (%s); they are kept in host memory",
+                            self.path, err.strerror or err)
+                self.keep_in, self._saved = "memory", False
         if not self._snapshot:  # pinned host buffers: the device-to-host copies run asynchronously
             pin = next(iter(params.values())).is_cuda
             self._snapshot = {name: torch.empty_like(params[name], device="cpu", pin_memory=pin)
@@ -158,5 +166,9 @@ class ModelSelection(Callback):
 
     def close(self) -> None:
         """Remove best.pt (a checkpoint carries its own copy of the best)."""
-        self.path.unlink(missing_ok=True)
+        if self._saved:
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as err:  # a read-only disk: the file stays, the run's outcome matters more
+                log.warning("maxout: %s not removed (%s)", self.path, err.strerror or err)
         self._saved = False
