@@ -11,7 +11,6 @@ import time
 
 import mlflow
 import pytest
-import torch
 
 from maxout import cli, loading
 from maxout.insight import audit, breakdown, levers
