@@ -4,6 +4,7 @@ when acknowledgements were lost."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import mlflow
@@ -72,3 +73,22 @@ def test_a_write_mlflow_refuses_is_reported_not_retried(tmp_path):
     assert "Changing param values is not allowed" in str(sender.error)
     with pytest.raises(Exception, match="Changing param values"):
         spool.replay(journal.path, store)
+
+
+def test_fail_fast_http_settings_hold_while_any_thread_still_needs_them(monkeypatch):
+    """The sender's thread and an upload open these at once: the first to close must not take away a setting the
+    other still relies on (the upload would fall back to MLflow's minutes of retries); a user's value stays."""
+    retries, timeout = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"
+    monkeypatch.delenv(retries, raising=False)
+    monkeypatch.delenv(timeout, raising=False)
+    sender, upload = spool.fail_fast_http(spool.SENDER_HTTP), spool.fail_fast_http({retries: "0"})
+    sender.__enter__()
+    upload.__enter__()
+    sender.__exit__(None, None, None)  # the sender's context closes first, mid-upload
+    assert os.environ.get(retries) == "0" and timeout not in os.environ
+    upload.__exit__(None, None, None)
+    assert retries not in os.environ
+    monkeypatch.setenv(retries, "3")
+    with spool.fail_fast_http({retries: "0"}):
+        assert os.environ[retries] == "3"
+    assert os.environ[retries] == "3"

@@ -210,18 +210,40 @@ def unreachable(err: BaseException) -> bool:
     return isinstance(err, MlflowException) and err.get_http_status_code() >= 500
 
 
+_http_lock = threading.Lock()
+_http_active: list[Mapping[str, str]] = []  # the settings of every fail_fast_http context now open, any thread
+_http_user: dict[str, Optional[str]] = {}  # what the environment held before the first of them opened
+
+
 @contextlib.contextmanager
 def fail_fast_http(settings: Mapping[str, str] = SENDER_HTTP) -> Iterator[None]:
     """MLflow reads these per request. Process-wide while set: the sender's requests are short, and the main
-    thread's requests during that moment merely get the same short timeout."""
-    saved = {k: os.environ.get(k) for k in settings}
-    os.environ.update({k: v for k, v in settings.items() if saved[k] is None})
+    thread's requests during that moment merely get the same short timeout. The sender's thread and the main
+    thread open these at once, so the environment is recomputed from all open contexts on each entry and exit
+    (one closing must not take away a setting another still relies on); a value the user set is never touched."""
+    with _http_lock:
+        for key in settings:  # a key no open context has set yet still holds the user's value
+            _http_user.setdefault(key, os.environ.get(key))
+        _http_active.append(settings)
+        _apply_http()
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
+        with _http_lock:
+            _http_active.remove(settings)
+            _apply_http()
+
+
+def _apply_http() -> None:
+    """The environment for the open contexts: each key at the first open context's value, or the user's."""
+    for key, user in _http_user.items():
+        value = user if user is not None else next((s[key] for s in _http_active if key in s), None)
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if not _http_active:
+        _http_user.clear()
 
 
 class Sender:
