@@ -62,6 +62,7 @@ class Reference:
     losses: list  # [(step, loss)]
     weights: dict
     eval_metrics: dict
+    real_tokens: float  # every row's tokens, once per epoch: the same however the rows are batched or sharded
 
 
 def one_process(directory: Path, batch_size: int) -> Reference:
@@ -75,7 +76,8 @@ def one_process(directory: Path, batch_size: int) -> Reference:
     # The comparisons below are sharp: steps differ from each other and training moved the weights, far past TOL.
     assert len(losses) == STEPS and max(v for _, v in losses) - min(v for _, v in losses) > 1000 * TOL
     assert max((weights[k] - initial[k]).abs().max().item() for k in weights) > 1000 * TOL
-    return Reference(losses, weights, {k: v for k, v in result.metrics.items() if k.startswith("eval/")})
+    return Reference(losses, weights, {k: v for k, v in result.metrics.items() if k.startswith("eval/")},
+                     result.metrics["train/real_tokens"])
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +226,10 @@ def test_a_rank_killed_mid_epoch_fails_the_run_naming_it_and_resume_auto_finishe
     assert finished.info.run_id == failed.info.run_id and finished.info.status == "FINISHED"
     assert int(finished.data.tags["maxout.resumed_from_step"]) >= 2
     assert_trained_like(uri, finished, micro_8_x_2)  # exactly where it stopped: each rank's data and RNG
+    # Each rank went on from its own counters: the job's real tokens are every row's, once per epoch (rank 0's
+    # counters restored on both ranks would count its share twice; the ranks' rows differ in length).
+    assert finished.data.metrics["train/real_tokens"] == micro_8_x_2.real_tokens
+    assert finished.data.metrics["train/samples"] == 64 * 6
 
 
 def _free_port() -> int:

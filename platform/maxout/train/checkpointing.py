@@ -14,7 +14,9 @@ damaged file (a bad disk, a partial copy) is found instead of loaded. A checkpoi
 or read-only disk) is a warning: training goes on, and the checkpoints already written are kept.
 
 Several processes (data parallel): saving is a collective, so every rank runs the Checkpointer; rank 0 alone writes.
-The checkpoint holds every rank's RNG states (``rng_ranks``; each rank's dropout differs), and with FSDP the full
+The checkpoint holds every rank's RNG states (``rng_ranks``; each rank's dropout differs) and measured counters
+(``measured_ranks``: the samples and tokens each rank trained, so the job's summed totals stay exact after a resume),
+and with FSDP the full
 model and optimizer state gathered from the shards, so the file is the same as without FSDP. Every rank restores
 from the file rank 0 chose, each with its own RNG states; the data position is per rank (each rank's share of the
 epoch is a pure function of seed, epoch and rank).
@@ -194,8 +196,10 @@ def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: di
     payload = {"format": FORMAT, **meta, "state": counters, "model": model, "optimizer": optimizer,
                "scheduler": setup.scheduler.state_dict(), "scaler": setup.precision.scaler.state_dict(),
                "rng": rng_states(), **{key: get(state) for key, get in (extras or {}).items()}}
-    if setup.world.size > 1:
-        payload["rng_ranks"] = setup.world.gather(payload["rng"])
+    if setup.world.size > 1:  # each rank's own: its dropout RNG, and the samples and tokens it trained so far
+        ranks = setup.world.gather({"rng": payload["rng"], "measured": counters["measured"]})
+        payload["rng_ranks"] = [r["rng"] for r in ranks]
+        payload["measured_ranks"] = [r["measured"] for r in ranks]
     return payload
 
 
@@ -206,8 +210,12 @@ def restore(setup: Setup, payload: dict) -> TrainState:
     setup.scheduler.load_state_dict(payload["scheduler"])
     if payload["scaler"]:
         setup.precision.scaler.load_state_dict(payload["scaler"])
-    set_rng_states(payload["rng_ranks"][setup.world.rank] if "rng_ranks" in payload else payload["rng"])
-    return TrainState(total_steps=setup.total_steps, **payload["state"])
+    rank = setup.world.rank
+    set_rng_states(payload["rng_ranks"][rank] if "rng_ranks" in payload else payload["rng"])
+    counters = dict(payload["state"])
+    if "measured_ranks" in payload:  # rank 0's counters on every rank would count its share N times
+        counters["measured"] = payload["measured_ranks"][rank]
+    return TrainState(total_steps=setup.total_steps, **counters)
 
 
 def _strategy(setup: Setup) -> str:
