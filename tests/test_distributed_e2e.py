@@ -176,6 +176,37 @@ def test_packed_batches_and_model_selection_under_fsdp_give_ddps_model(tmp_path,
     assert set(ddp) == set(fsdp) and max((ddp[k] - fsdp[k]).abs().max().item() for k in ddp) < 1e-5
 
 
+def test_a_lora_decoder_with_last_token_pooling_under_fsdp_gives_ddps_model(tmp_path, mlflow_store):
+    """FSDP over a peft model (frozen base weights and trainable adapters in the same shards) with a decoder's
+    last-token pooling: the adapters and the head it logs are DDP's, and the frozen weights did not move."""
+    uri, models = mlflow_store["uri"], {}
+    for strategy in ("ddp", "fsdp"):
+        folder = tmp_path / strategy
+        folder.mkdir()
+        args = [*equivalence(folder, "train.batch_size=4", f"distributed.strategy={strategy}", "model=tiny_qwen3",
+                             "model.adapter=lora", "model.lora_dropout=0.0", "train.epochs=2", "train.lr=1e-2",
+                             f"tracking.run_name={strategy}")]
+        job = run([sys.executable, "-m", "maxout", "train", "--nproc-per-node", "2", "--no-progress", *args,
+                   *mlflow_store["overrides"]])
+        assert job.returncode == 0, job.stderr[-3000:]
+        (run_,) = [r for r in runs_in(uri) if r.info.run_name == strategy]
+        params = run_.data.params
+        assert run_.info.status == "FINISHED" and params["opt.data_parallel.effective"] == strategy
+        assert params["opt.adapter.effective"] == "lora" and params["derived.pooling"] == "last"
+        models[strategy] = logged_weights(uri, run_)
+    ddp, fsdp = models["ddp"], models["fsdp"]
+    assert set(ddp) == set(fsdp)
+    assert max((ddp[k] - fsdp[k]).abs().max().item() for k in ddp) < 1e-5
+    # The logged model has its adapters merged. The comparison is sharp: the merged projections moved from the
+    # random start far past the tolerance, and the weights LoRA does not touch (the embeddings) did not move.
+    cfg = loading.load(equivalence(tmp_path / "ddp", "model=tiny_qwen3", "tracking=none"))
+    start = build(cfg, hardware.detect(), data.load(cfg.data), modeling.load_tokenizer(cfg.model)).model.state_dict()
+    projections = [k for k in ddp if k.endswith("q_proj.weight")]
+    assert projections and all(k in start for k in projections)
+    assert min((ddp[k] - start[k]).abs().max().item() for k in projections) > 1e-3
+    assert torch.equal(ddp["model.embed_tokens.weight"], start["model.embed_tokens.weight"])
+
+
 def _checkpoint_at(root: Path, job: subprocess.Popen, min_step: int, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
