@@ -513,7 +513,8 @@ def _with_non_finite(cfg: Config, found: list[ConfigError]) -> list[ConfigError]
     keys = tuple(f"{key}=" for key, _, _ in bad)
     rest = [p for p in found if not str(p).startswith(keys)] if keys else found
     return [ConfigError(f"{key}={value} is not a finite number: every numeric setting must be finite"
-                        + (f" (default: {default})" if default is not None else "")) for key, value, default in bad] + rest
+                        + (f" (default: {default})" if default is not None else ""))
+            for key, value, default in bad] + rest
 
 
 def to_dict(cfg: Config) -> dict:

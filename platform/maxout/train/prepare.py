@@ -1,5 +1,6 @@
 """The input checks that run before any run exists: data files, columns and labels, model availability,
-data.max_length against the model's position embeddings, the micro-batch, the tracking store (preflight.py), writable directories, and the checkpoint a ``resume`` asks for.
+data.max_length against the model's position embeddings, the micro-batch, the tracking store (preflight.py),
+writable directories, and the checkpoint a ``resume`` asks for.
 
 Every problem found is reported at once, in one line: ``3 problems: ...; ...; ...`` (one problem keeps its own
 message and exit code; several exit 2 when any of them is a usage error). ``check(cfg)`` is what ``train()``

@@ -92,9 +92,10 @@ class ModelSelection(Callback):
         else:
             self.evals_since += 1
         if self.patience and self.evals_since >= self.patience and state.step < state.total_steps:
-            state.stop_reason = self.stop_reason = (f"early stopping at step {state.step}: {self.metric} did not improve by more than "
-                                 f"{self.min_delta:g} in {self.evals_since} evaluations (best {self.value:.4f} at "
-                                 f"step {self.best.step}, epoch {self.best.epoch:.2f})")
+            state.stop_reason = self.stop_reason = (
+                f"early stopping at step {state.step}: {self.metric} did not improve by more than "
+                f"{self.min_delta:g} in {self.evals_since} evaluations (best {self.value:.4f} at "
+                f"step {self.best.step}, epoch {self.best.epoch:.2f})")
 
     def _better(self, value: float, best: float, margin: float = 0.0) -> bool:
         if math.isnan(value):
