@@ -162,8 +162,9 @@ def test_a_run_resumed_on_cuda_matches_an_uninterrupted_one(tmp_path):
     reference, ref_tracker = run(*common, f"checkpoint.dir={tmp_path / 'reference'}")
     overrides = [*common, f"checkpoint.dir={tmp_path / 'ckpt'}"]
     crashed = NullTracker()
-    with pytest.raises(RuntimeError, match="crash at step 7"):
-        train(loading.load(overrides), tracker=crashed, callbacks=[CrashAt(7)], progress=False, verbose=False)
+    with pytest.raises(RuntimeError, match="crash at step 7"):  # the same base as run(): model=tiny, eager, CUDA
+        train(loading.load([*EAGER, *overrides]), tracker=crashed, callbacks=[CrashAt(7)], progress=False,
+              verbose=False)
     resumed, tracker = run(*overrides, "resume=auto")
     assert tracker.tags["maxout.resumed_from_step"] == "6"
     stitched = [v for step, v in crashed.metrics["train/loss"] if step <= 6] + losses(tracker)

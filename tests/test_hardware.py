@@ -54,9 +54,13 @@ def test_cpu_bf16_falls_back_to_the_kernel_flags_where_torch_has_no_cpuid_check(
     ("NVIDIA L4", "bf16", True, 121.0),
     ("NVIDIA L40", "bf16", True, 181.0),  # "l4" used to match it
     ("NVIDIA L40S", "fp16", True, 362.0),
-    ("NVIDIA H100 80GB HBM3", "bf16", True, 989.0),
+    ("NVIDIA H100 80GB HBM3", "bf16", True, 989.4),
     ("NVIDIA H100 PCIe", "bf16", True, 756.0),
-    ("NVIDIA GH200 480GB", "fp32", True, 494.0),
+    ("NVIDIA H100 NVL", "bf16", True, 835.5),  # "h100" used to match it: the SXM peak, MFU understated
+    ("NVIDIA H200 NVL", "fp16", True, 835.5),
+    ("NVIDIA H200", "bf16", True, 989.4),
+    ("NVIDIA H100 80GB HBM3", "fp32", False, 66.9),
+    ("NVIDIA GH200 480GB", "fp32", True, 494.7),
     ("NVIDIA A10G", "bf16", True, 70.0),
     ("NVIDIA A10", "fp32", False, 31.2),
     ("NVIDIA A100-SXM4-80GB", "fp32", True, 156.0),

@@ -118,3 +118,39 @@ def test_the_probe_leaves_the_model_as_it_found_it():
     assert model.training and torch.equal(torch.get_rng_state(), state)
     assert all(p.grad is None for p in model.parameters())
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+class FakeNvml:
+    """NVML's calls the sampler makes, on a device that is always 73% busy; counts nvmlInit / nvmlShutdown."""
+
+    def __init__(self):
+        self.inits = self.shutdowns = 0
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return type("Utilization", (), {"gpu": 73, "memory": 10})()
+
+
+def test_gpu_utilization_of_a_window_shorter_than_the_sampling_interval_is_still_read():
+    """A short training window (a few fast steps) ended before the thread's first sample: the run logged no GPU
+    utilization at all. The reading at stop() covers NVML's last sample period, the window's end."""
+    nvml = FakeNvml()
+    sampler = metrics.UtilizationSampler(interval_s=60.0, nvml=nvml).start()
+    assert sampler.stop() == {"gpu/utilization_mean": 73.0, "gpu/utilization_max": 73.0}
+    assert (nvml.inits, nvml.shutdowns) == (1, 1)  # NVML's reference count is given back
+
+
+def test_gpu_utilization_is_absent_without_nvml():
+    class NoNvml(FakeNvml):
+        def nvmlInit(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    assert metrics.UtilizationSampler(nvml=NoNvml()).start().stop() == {}

@@ -182,3 +182,23 @@ def test_clipping_bounds_the_gradient_norm_without_a_host_sync():
     before = grad_clipping.apply(layer.parameters(), 1.0)
     after = torch.norm(torch.stack([p.grad.norm() for p in layer.parameters()]))
     assert isinstance(before, torch.Tensor) and before.item() > 1.0 and after.item() == pytest.approx(1.0, rel=1e-4)
+
+
+def test_tf32_keeps_torchs_legacy_and_new_flags_in_agreement():
+    """torch >= 2.9 raises from a legacy getter that disagrees with the new ``fp32_precision`` flags, and torch's own
+    inductor reads the legacy ones (max-autotune's kernel selection calls torch.get_float32_matmul_precision()): after
+    tf32.apply, whichever API anyone reads must answer, and answer the same. The flags are CPU-side state, so a
+    CPU build checks what a GPU run meets."""
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        for on in (True, False, True):
+            tf32.apply(on)
+            assert tf32.enabled() is on
+            assert torch.get_float32_matmul_precision() == ("high" if on else "highest")
+            assert torch.backends.cuda.matmul.allow_tf32 is on and torch.backends.cudnn.allow_tf32 is on
+            if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+                assert (torch.backends.cuda.matmul.fp32_precision == "tf32") is on
+                assert (torch.backends.cudnn.conv.fp32_precision == "tf32") is on
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]

@@ -197,9 +197,11 @@ def check_profile(hw: Any, device: DeviceInfo) -> None:
 # device name ("l4" is the L4, not the L40 or L40S); the first key that matches wins, so longer names come first.
 PEAK_TFLOPS: dict[str, tuple[float, float, float]] = {
     "h100 pcie": (756.0, 378.0, 51.0),
-    "h100": (989.0, 494.0, 67.0),  # SXM
-    "h200": (989.0, 494.0, 67.0),
-    "gh200": (989.0, 494.0, 67.0),
+    "h100 nvl": (835.5, 417.5, 60.0),  # the 94 GiB PCIe card of NVL pairs: lower clocks than SXM
+    "h200 nvl": (835.5, 417.5, 60.0),
+    "h100": (989.4, 494.7, 66.9),  # SXM ("NVIDIA H100 80GB HBM3"); the data sheet's 1979 is with sparsity
+    "h200": (989.4, 494.7, 66.9),  # SXM
+    "gh200": (989.4, 494.7, 66.9),
     "b200": (2250.0, 1100.0, 80.0),
     "a100": (312.0, 156.0, 19.5),
     "a10g": (70.0, 35.0, 31.2),

@@ -33,6 +33,7 @@ Ground floor. May import: nothing (numbers in, numbers out; the caller passes th
 
 from __future__ import annotations
 
+import contextlib
 import re
 import resource
 import threading
@@ -282,11 +283,16 @@ def peak_memory(device_type: str) -> dict[str, float]:
 
 @dataclass
 class UtilizationSampler:
-    """GPU utilization sampled by NVML on a background thread, only while the training window is open."""
+    """GPU utilization sampled by NVML on a background thread, only while the training window is open.
+
+    NVML's figure is the share of its own last sample period (1/6 s to 1 s) in which a kernel ran, so the reading
+    taken at stop() still describes the window's end: it is always taken, and a window shorter than ``interval_s``
+    gets that one. ``nvml`` is the pynvml module (a stand-in in tests); every nvmlInit is paired with a shutdown."""
 
     device_index: int = 0
     interval_s: float = 0.1
     samples: list = field(default_factory=list)
+    nvml: Any = pynvml
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: Optional[threading.Thread] = None
     _handle: Any = None
@@ -294,21 +300,30 @@ class UtilizationSampler:
 
     def start(self) -> "UtilizationSampler":
         try:
-            pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
-            self.available = True
+            self.nvml.nvmlInit()
         except Exception:  # no NVML (CPU machine, or driver without it): no GPU utilization metric
             return self
+        try:
+            self._handle = self.nvml.nvmlDeviceGetHandleByIndex(self.device_index)
+        except Exception:
+            self.nvml.nvmlShutdown()
+            return self
+        self.available = True
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="maxout-nvml", daemon=True)
         self._thread.start()
         return self
 
+    def _sample(self) -> bool:
+        try:
+            self.samples.append(self.nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+            return True
+        except Exception:
+            return False
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
-                self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
-            except Exception:
+            if not self._sample():
                 return
 
     def stop(self) -> dict[str, float]:
@@ -316,7 +331,12 @@ class UtilizationSampler:
             self._stop.set()
             self._thread.join(timeout=2)
             self._thread = None
-        if not self.available or not self.samples:
+        if self.available:
+            self._sample()
+            self.available = False
+            with contextlib.suppress(Exception):
+                self.nvml.nvmlShutdown()
+        if not self.samples:
             return {}
         return {"gpu/utilization_mean": sum(self.samples) / len(self.samples),
                 "gpu/utilization_max": float(max(self.samples))}

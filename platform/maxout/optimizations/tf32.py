@@ -17,13 +17,18 @@ def supported(device: Any) -> tuple[bool, str]:
 
 
 def apply(enabled: bool) -> None:
-    # torch >= 2.9 has per-backend fp32_precision; older versions only the allow_tf32 flags.
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if enabled else "ieee"
-        torch.backends.cudnn.conv.fp32_precision = "tf32" if enabled else "ieee"
-    else:  # pragma: no cover - older torch
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+    """Turn TF32 on or off with torch's legacy flags and its newer per-backend ``fp32_precision`` (torch >= 2.9) in
+    agreement.
+
+    torch >= 2.9 keeps both, and a legacy getter that finds them disagreeing raises "you have used mix of the legacy
+    and new APIs". Setting only ``torch.backends.cuda.matmul.fp32_precision`` leaves the legacy matmul precision at
+    "highest", and torch 2.11's inductor reads it (``torch.get_float32_matmul_precision()`` when max-autotune picks
+    and caches its matmul kernels, ``matmul.allow_tf32`` for autotuning in a subprocess): every max-autotune compile
+    would fail. These two setters write the legacy value and the new per-backend ones together (cuDNN's: conv and
+    RNN alike), on every torch version.
+    """
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
 
 
 def enabled() -> bool:
