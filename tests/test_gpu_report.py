@@ -181,6 +181,44 @@ def test_the_wheel_pins_follow_the_lock_and_the_image_list_parses():
     assert not set(carried) & {n for n in image if n != "typing-extensions"}  # nothing the image has, but one
 
 
+def _installed(site, name: str, init: str) -> None:
+    """A package ``name`` with its dist-info (the RECORD the closure guard reads owners from) in ``site``."""
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text(init)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+
+
+# How a carried package reaches a module besides an import statement: importlib.util.find_spec("a.b") imports "a"
+# with no globals (`import mlflow` probes databricks.agents so), and an extension module importing from C passes the
+# import machinery's globals (cryptography's Rust core imports _cffi_backend so). The rehearsal on a replica of the
+# GPU image, not this guard, first found both.
+PROBES = {"find_spec": "import importlib.util\nFOUND = importlib.util.find_spec('absent_probe.sub')\n",
+          "from_c": "import builtins, importlib.util\nbuiltins.__import__('absent_probe', vars(importlib.util))\n"
+                    "FOUND = None\n"}
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+@pytest.mark.parametrize("probe", PROBES)
+def test_the_closure_guard_sees_a_carried_package_import_outside_an_import_statement(tmp_path, probe, allowed):
+    site = tmp_path / "site"
+    _installed(site, "carried_probe", PROBES[probe])
+    _installed(site, "absent_probe", "")
+    script = (f"from benchmarks.gpu.closure import ImageOnly\n"
+              f"ImageOnly(set(), {{'carried-probe'{', ' + repr('absent-probe') if allowed else ''}}}).install()\n"
+              f"import carried_probe\nprint('found', carried_probe.FOUND)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])})
+    if allowed:
+        assert done.returncode == 0 and "found None" in done.stdout, done.stderr[-2000:]
+    else:
+        assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+            "ModuleNotFoundError: No module named 'absent_probe': absent-probe is neither on the GPU image nor "
+            "carried"), done.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_maxouts_gpu_paths_import_nothing_the_gpu_machine_lacks():
     """The carried set, checked with the venv's copies of the same versions (make gpu-wheels checks the files)."""
