@@ -18,6 +18,7 @@ import time
 
 import pandas as pd
 import pytest
+from packaging.utils import canonicalize_name
 
 from benchmarks import gpu_report
 from benchmarks.gpu import wheels, workloads
@@ -179,6 +180,16 @@ def test_the_wheel_pins_follow_the_lock_and_the_image_list_parses():
     image = wheels.image()
     assert image["torch"] is not None and str(image["transformers"]) == "5.17.0" and image["matplotlib"] is None
     assert not set(carried) & {n for n in image if n != "typing-extensions"}  # nothing the image has, but one
+
+
+def test_the_rehearsals_replica_is_the_image_without_the_carried_wheels():
+    """make gpu-rehearsal builds its replica from replica.txt: only what the image has, at the image's versions."""
+    lines = [line.split("#", 1)[0].strip() for line in (ROOT / "benchmarks/gpu/replica.txt").read_text().splitlines()]
+    replica = {canonicalize_name(line.partition("==")[0]): line.partition("==")[2] or None for line in lines if line}
+    image = wheels.image()
+    assert {"torch", "transformers", "numpy", "pytest"} <= set(replica) and set(replica) <= set(image)
+    assert {n: v for n, v in replica.items() if v and str(image[n]) != v} == {}
+    assert not set(replica) & set(wheels.pins())
 
 
 def _installed(site, name: str, init: str) -> None:
