@@ -21,9 +21,12 @@ COMPOSE := docker compose --env-file docker/.env -f docker/compose.yaml
 GPU_WHEELS ?= .gpu-wheels
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 OUT ?= benchmarks/out/gpu
+# The rehearsal's replica of the GPU machine's image (a Python 3.12 venv, outside the tree: GBs of CUDA libraries)
+GPU_REPLICA ?= /tmp/maxout-gpu-replica
+GPU_REPLICA_PYTHON ?= python3.12
 
 .PHONY: install run test test-fast ui clean lint image image-cpu image-base-cpu platform-up platform-down \
-	check-hardware benchmark audit gpu-wheels gpu-report
+	check-hardware benchmark audit gpu-wheels gpu-report gpu-rehearsal
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -125,3 +128,20 @@ gpu-wheels: install
 ##   make gpu-report OUT=DIR ARGS="--budget-s 540"
 gpu-report:
 	$(GPU_PYTHON) -m benchmarks.gpu_report --out $(OUT) $(ARGS)
+
+## gpu-rehearsal: the GPU machine's command on this CPU, in a replica of its image (benchmarks/gpu/replica.txt: Python
+##   3.12, torch 2.11, transformers 5.17, ...; built once in $(GPU_REPLICA), a few GB from PyPI, so not in CI): the
+##   carried wheels installed into a fresh folder, the closure check, then the report at smoke scale
+##   make gpu-rehearsal GPU_REPLICA_PYTHON=/root/.pyenv/versions/3.12.1/bin/python OUT=/tmp/rehearsal
+gpu-rehearsal: gpu-wheels $(GPU_REPLICA)/.installed
+	rm -rf $(GPU_REPLICA)-site && mkdir -p $(OUT)
+	set -o pipefail; export PATH=$(GPU_REPLICA)/bin:$$PATH; \
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $(GPU_REPLICA)-site \
+	  $(GPU_WHEELS)/*.whl || exit 1; export PYTHONPATH=$(GPU_REPLICA)-site:$$PWD/platform PYTHONUNBUFFERED=1; \
+	python3 -m benchmarks.gpu.closure --carried $(GPU_REPLICA)-site || exit 1; \
+	python3 -m benchmarks.gpu_report --out $(OUT) $(ARGS) 2>&1 | tee $(OUT)/report.log
+
+$(GPU_REPLICA)/.installed: benchmarks/gpu/replica.txt
+	test -x $(GPU_REPLICA)/bin/python || $(GPU_REPLICA_PYTHON) -m venv $(GPU_REPLICA)
+	$(GPU_REPLICA)/bin/python -m pip install -q -r benchmarks/gpu/replica.txt
+	touch $@

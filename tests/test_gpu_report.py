@@ -18,6 +18,7 @@ import time
 
 import pandas as pd
 import pytest
+from packaging.utils import canonicalize_name
 
 from benchmarks import gpu_report
 from benchmarks.gpu import wheels, workloads
@@ -179,6 +180,54 @@ def test_the_wheel_pins_follow_the_lock_and_the_image_list_parses():
     image = wheels.image()
     assert image["torch"] is not None and str(image["transformers"]) == "5.17.0" and image["matplotlib"] is None
     assert not set(carried) & {n for n in image if n != "typing-extensions"}  # nothing the image has, but one
+
+
+def test_the_rehearsals_replica_is_the_image_without_the_carried_wheels():
+    """make gpu-rehearsal builds its replica from replica.txt: only what the image has, at the image's versions."""
+    lines = [line.split("#", 1)[0].strip() for line in (ROOT / "benchmarks/gpu/replica.txt").read_text().splitlines()]
+    replica = {canonicalize_name(line.partition("==")[0]): line.partition("==")[2] or None for line in lines if line}
+    image = wheels.image()
+    assert {"torch", "transformers", "numpy", "pytest"} <= set(replica) and set(replica) <= set(image)
+    assert {n: v for n, v in replica.items() if v and str(image[n]) != v} == {}
+    assert not set(replica) & set(wheels.pins())
+
+
+def _installed(site, name: str, init: str) -> None:
+    """A package ``name`` with its dist-info (the RECORD the closure guard reads owners from) in ``site``."""
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text(init)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+
+
+# How a carried package reaches a module besides an import statement: importlib.util.find_spec("a.b") imports "a"
+# with no globals (`import mlflow` probes databricks.agents so), and an extension module importing from C passes the
+# import machinery's globals (cryptography's Rust core imports _cffi_backend so). The rehearsal on a replica of the
+# GPU image, not this guard, first found both.
+PROBES = {"find_spec": "import importlib.util\nFOUND = importlib.util.find_spec('absent_probe.sub')\n",
+          "from_c": "import builtins, importlib.util\nbuiltins.__import__('absent_probe', vars(importlib.util))\n"
+                    "FOUND = None\n"}
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+@pytest.mark.parametrize("probe", PROBES)
+def test_the_closure_guard_sees_a_carried_package_import_outside_an_import_statement(tmp_path, probe, allowed):
+    site = tmp_path / "site"
+    _installed(site, "carried_probe", PROBES[probe])
+    _installed(site, "absent_probe", "")
+    script = (f"from benchmarks.gpu.closure import ImageOnly\n"
+              f"ImageOnly(set(), {{'carried-probe'{', ' + repr('absent-probe') if allowed else ''}}}).install()\n"
+              f"import carried_probe\nprint('found', carried_probe.FOUND)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])})
+    if allowed:
+        assert done.returncode == 0 and "found None" in done.stdout, done.stderr[-2000:]
+    else:
+        assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+            "ModuleNotFoundError: No module named 'absent_probe': absent-probe is neither on the GPU image nor "
+            "carried"), done.stderr[-2000:]
 
 
 @pytest.mark.slow
