@@ -188,10 +188,14 @@ def test_tf32_keeps_torchs_legacy_and_new_flags_in_agreement():
     """torch >= 2.9 raises from a legacy getter that disagrees with the new ``fp32_precision`` flags, and torch's own
     inductor reads the legacy ones (max-autotune's kernel selection calls torch.get_float32_matmul_precision()): after
     tf32.apply, whichever API anyone reads must answer, and answer the same. The flags are CPU-side state, so a
-    CPU build checks what a GPU run meets."""
+    CPU build checks what a GPU run meets. It starts where transformers' Trainer (tf32=True) leaves torch: the global
+    ``torch.backends.fp32_precision`` alone set, which cuDNN's flags inherit."""
+    new_api = hasattr(torch.backends, "fp32_precision")  # torch >= 2.9
     before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
-        for on in (True, False, True):
+        if new_api:
+            torch.backends.fp32_precision = "tf32"
+        for on in (False, True, False, True):
             tf32.apply(on)
             assert tf32.enabled() is on
             assert torch.get_float32_matmul_precision() == ("high" if on else "highest")
@@ -200,5 +204,7 @@ def test_tf32_keeps_torchs_legacy_and_new_flags_in_agreement():
                 assert (torch.backends.cuda.matmul.fp32_precision == "tf32") is on
                 assert (torch.backends.cudnn.conv.fp32_precision == "tf32") is on
     finally:
+        if new_api:
+            torch.backends.fp32_precision = "none"
         torch.set_float32_matmul_precision(before[0])
         torch.backends.cudnn.allow_tf32 = before[1]
