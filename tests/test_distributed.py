@@ -196,17 +196,21 @@ def test_rank_0_names_the_rank_that_broke_the_job(own, others, status, fragment)
 
 
 def test_a_checkpoint_holds_every_rank_s_rng_and_each_rank_restores_its_own(tmp_path, cpu_device):
-    """Each rank's dropout draws differ: the checkpoint rank 0 writes holds them all (gathered), and a rank restores
-    its own entry. A stand-in world of two (no process group) gathers a second, different state."""
+    """Each rank's dropout draws differ, and so do the samples and tokens it trained: the checkpoint rank 0 writes
+    holds them all (gathered), and a rank restores its own entry. A stand-in world of two (no process group) gathers
+    a second, different state."""
     from maxout import data, modeling
     from maxout.train.setup import build
 
     torch.manual_seed(123)
     other = checkpointing.rng_states()  # another rank's generators: another seed
+    other_measured = {"meter": {"samples": 40, "real_tokens": 999, "tokens": 1200, "steps": 5, "elapsed": 2.5,
+                                "steady_base": None}}
 
     class TwoRanks(World):
         def gather(self, value):
-            return [value, other] if self.rank == 0 else [other, value]
+            theirs = {"rng": other, "measured": other_measured}
+            return [value, theirs] if self.rank == 0 else [theirs, value]
 
     cfg = loading.load([*TINY, "train.batch_size=4"], device=cpu_device)
     dataset, tokenizer = data.load(cfg.data), modeling.load_tokenizer(cfg.model)
@@ -215,10 +219,11 @@ def test_a_checkpoint_holds_every_rank_s_rng_and_each_rank_restores_its_own(tmp_
     payload = checkpointing.capture(rank0, TrainState(rank0.total_steps, step=1), (0, 1), {})
     assert len(payload["rng_ranks"]) == 2 and torch.equal(payload["rng_ranks"][1]["torch"], other["torch"])
     rank1 = build(cfg, cpu_device, dataset, tokenizer, world=TwoRanks(rank=1, size=2))
-    checkpointing.restore(rank1, payload)
-    assert torch.equal(torch.get_rng_state(), other["torch"])
-    checkpointing.restore(rank0, payload)
+    resumed = checkpointing.restore(rank1, payload)
+    assert torch.equal(torch.get_rng_state(), other["torch"]) and resumed.measured == other_measured
+    resumed = checkpointing.restore(rank0, payload)
     assert torch.equal(torch.get_rng_state(), payload["rng"]["torch"])
+    assert resumed.measured == payload["measured_ranks"][0] == payload["state"]["measured"] != other_measured
 
 
 # -------------------------------------------------------------------------------- GPUs, links, commands
