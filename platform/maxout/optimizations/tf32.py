@@ -24,10 +24,10 @@ def apply(enabled: bool) -> None:
     and new APIs". Setting only ``torch.backends.cuda.matmul.fp32_precision`` leaves the legacy matmul precision at
     "highest", and torch 2.11's inductor reads it (``torch.get_float32_matmul_precision()`` when max-autotune picks
     and caches its matmul kernels, ``matmul.allow_tf32`` for autotuning in a subprocess): every max-autotune compile
-    would fail. These two setters write the legacy value and the new per-backend ones together (cuDNN's: conv and
-    RNN alike), on every torch version. The global default goes with them: transformers' Trainer (``tf32=True``)
-    sets ``torch.backends.fp32_precision`` alone, and cuDNN's flags inherit it, so TF32 turned off after a Trainer
-    ran in the same process would leave ``cudnn.allow_tf32`` raising.
+    would fail. ``set_float32_matmul_precision`` and ``cudnn.allow_tf32`` write the legacy value and the new
+    per-backend ones together (cuDNN's: conv and RNN alike), on every torch version. The global default goes with
+    them: transformers' Trainer (``tf32=True``) sets ``torch.backends.fp32_precision`` alone, and cuDNN's flags
+    inherit it, so TF32 turned off after a Trainer ran in the same process would leave ``cudnn.allow_tf32`` raising.
     """
     if hasattr(torch.backends, "fp32_precision"):  # torch >= 2.9
         torch.backends.fp32_precision = "tf32" if enabled else "ieee"

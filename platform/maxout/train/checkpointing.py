@@ -16,10 +16,9 @@ or read-only disk) is a warning: training goes on, and the checkpoints already w
 Several processes (data parallel): saving is a collective, so every rank runs the Checkpointer; rank 0 alone writes.
 The checkpoint holds every rank's RNG states (``rng_ranks``; each rank's dropout differs) and measured counters
 (``measured_ranks``: the samples and tokens each rank trained, so the job's summed totals stay exact after a resume),
-and with FSDP the full
-model and optimizer state gathered from the shards, so the file is the same as without FSDP. Every rank restores
-from the file rank 0 chose, each with its own RNG states; the data position is per rank (each rank's share of the
-epoch is a pure function of seed, epoch and rank).
+and with FSDP the full model and optimizer state gathered from the shards, so the file is the same as without FSDP.
+Every rank restores from the file rank 0 chose, each with its own RNG states and counters; the data position is per
+rank (each rank's share of the epoch is a pure function of seed, epoch and rank).
 """
 
 from __future__ import annotations
