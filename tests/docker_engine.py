@@ -6,8 +6,10 @@
 - The image: `make image-cpu`, once per session: the CPU stand-in built from docker/Dockerfile on a Debian base
   made with debootstrap (no registry is reachable here).
 - The user: an ordinary account (not root), in the group that owns the engine's socket, runs `mlflow run` from a
-  copy of the project that it owns, as a fresh clone would be. Its `mlflow` is the project's virtualenv, run by
-  the system's Python of the same version: the virtualenv's own interpreter lies under /root, closed to others.
+  copy of the project that it owns, as a fresh clone would be. Its `mlflow` is a virtualenv of its own in
+  ENGINE_DIR (the system's Python, the locked mlflow and docker packages; rebuilt when constraints.txt changes),
+  not the checkout's .venv: that one lies wherever the checkout was cloned, often under a private folder (/root
+  is 0700, and so are many home folders and CI workspaces), where another user cannot read it.
 
 Root is needed to start the engine and to create the user; CI runs as root (.ci/run installs docker.io and
 debootstrap when they are missing).
@@ -22,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ BUILD_TIMEOUT_S = 45 * 60
 class Engine:
     host: str  # DOCKER_HOST
     build_seconds: float
+    user_python: str  # the test user's Python with mlflow (user_python())
 
     @property
     def env(self) -> dict[str, str]:
@@ -130,7 +132,7 @@ def engine() -> Iterator[Engine]:
                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if build.returncode:
             raise RuntimeError(f"make image-cpu failed:\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}")
-        yield Engine(host, time.monotonic() - started)
+        yield Engine(host, time.monotonic() - started, user_python())
     finally:
         _stop_daemon(proc)
         _unmount_leftovers()
@@ -152,18 +154,48 @@ def project_copy(dest: Path) -> Path:
     return dest
 
 
+def _as_user(user: pwd.struct_passwd, *command: str) -> list[str]:
+    return ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--", *command]
+
+
+def user_python() -> str:
+    """The test user's own Python with the locked mlflow and docker packages: a virtualenv in ENGINE_DIR, made
+    once per machine by this process's pip (its wheel cache) and made readable by all. Fails in one line, before
+    any run, where the user still cannot run it."""
+    user = pwd.getpwnam(USER)
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/bin")
+    if system is None:
+        pytest.fail(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor} is missing: the test user's "
+                    f"mlflow runs on the system's Python of the suite's version (apt-get install python3)")
+    venv = ENGINE_DIR / "user-venv"
+    python = venv / "bin" / "python"
+    lock = (ROOT / "constraints.txt").read_bytes()
+    stamp = venv / ".constraints"
+    if not (stamp.exists() and stamp.read_bytes() == lock):
+        shutil.rmtree(venv, ignore_errors=True)
+        # --without-pip: Debian's Python has no ensurepip without python3-venv; this process's pip installs into it.
+        subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True)
+        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                              "-c", str(ROOT / "constraints.txt"), "mlflow", "docker"], capture_output=True, text=True)
+        if pip.returncode:
+            pytest.fail(f"installing mlflow for {USER} into {venv} failed: {pip.stderr.strip()[-500:]}")
+        subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)  # whatever the umask was
+        stamp.write_bytes(lock)
+    probe = subprocess.run(_as_user(user, str(python), "-c", "import mlflow, docker"), capture_output=True, text=True)
+    if probe.returncode:
+        pytest.fail(f"{USER} cannot run {python} (a parent folder of MAXOUT_DOCKER_DIR={ENGINE_DIR} is private?): "
+                    f"point MAXOUT_DOCKER_DIR at a folder every user can reach, such as /var/tmp/maxout-docker; "
+                    f"{(probe.stderr.strip().splitlines() or [''])[-1]}")
+    return str(python)
+
+
 def mlflow_run(engine: Engine, project: Path, args: Sequence[str], env: Optional[dict] = None,
                timeout_s: float = 900) -> subprocess.CompletedProcess:
     """`mlflow run . ARGS` in ``project``, as the test user, with only the environment a user would have (plus
     ``env``: a tracking URI, S3 keys)."""
     user = pwd.getpwnam(USER)
-    python = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/bin")
-    if python is None:
-        pytest.fail(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor} is missing: the test user "
-                    f"runs the project's mlflow with the system's Python of the virtualenv's version")
     base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER,
-            "LANG": "C.UTF-8", "PYTHONPATH": sysconfig.get_paths()["purelib"], **engine.env}
-    command = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--",
-               python, "-m", "mlflow", "run", ".", *args]
+            "LANG": "C.UTF-8", **engine.env}
+    command = _as_user(user, engine.user_python, "-m", "mlflow", "run", ".", *args)
     return subprocess.run(command, cwd=project, env={**base, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout_s)

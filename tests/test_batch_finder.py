@@ -13,7 +13,7 @@ import torch
 from maxout import cli, data, loading, modeling
 from maxout.train import batch_finder
 from maxout.errors import ConfigError, HardwareError
-from maxout.optimizations import accumulation
+from maxout.optimizations import accumulation, precision as precision_opt
 from maxout.train.tensor_memory import GIB, TensorMemory, training_state
 from maxout.tracking.tracker import NullTracker
 from maxout.train import train
@@ -129,11 +129,19 @@ def test_train_with_batch_size_auto_logs_the_search_and_reuses_the_cache(demo, c
     monkeypatch.setattr(batch_finder.StepProbe, "build", no_probe)
     again = batch_finder.find(cfg, cpu_device, *demo)
     assert again.cache_hit and again.micro_batch == 32 and again.probes == [(1, True), (36, True)]
-    # Another precision is another key: it would have to search.
-    other = load("train.batch_size=auto", "train.target_effective_batch=32", "batch_finder.memory_budget_gb=4",
-                 "hardware.precision=fp32", tmp_path=tmp_path)
+    # Another precision is another key: it would have to search. The key holds the precision the run really uses,
+    # so "another" is the one this CPU did not resolve to: fp32 where bf16 is native; where it is not (every
+    # request resolves to fp32 there), bf16 on the same CPU with native bf16.
+    other_cfg, other_device = cfg, replace(cpu_device, bf16=True)
+    if precision_opt.resolve(cfg.hardware.precision, cpu_device).effective != "fp32":
+        other_device = cpu_device
+        other_cfg = load("train.batch_size=auto", "train.target_effective_batch=32",
+                         "batch_finder.memory_budget_gb=4", "hardware.precision=fp32", tmp_path=tmp_path)
+    length, budget = again.sequence_length, 4 * GIB
+    assert (batch_finder.cache_key(other_cfg, other_device, length, budget)
+            != batch_finder.cache_key(cfg, cpu_device, length, budget))
     with pytest.raises(AssertionError, match="must not probe"):
-        batch_finder.find(other, cpu_device, *demo)
+        batch_finder.find(other_cfg, other_device, *demo)
 
 
 def test_a_budget_below_one_sample_says_how_much_one_needs(mlflow_store, capsys, tmp_path):

@@ -13,6 +13,12 @@ from maxout import hardware
 from .conftest import fake_cuda
 
 
+@pytest.fixture(autouse=True)
+def _detect_bf16(monkeypatch):
+    """These tests read the detection itself: the override CI sets (MAXOUT_CPU_BF16=0) would answer first."""
+    monkeypatch.delenv(hardware.CPU_BF16_VAR, raising=False)
+
+
 def kernel_flags() -> set[str]:
     """The test's own reading of the CPU's flags (the code under test asks torch's cpuid check first)."""
     line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
@@ -48,6 +54,26 @@ def test_cpu_bf16_falls_back_to_the_kernel_flags_where_torch_has_no_cpuid_check(
     assert hardware.cpu_bf16() == (False, "emulated: no AVX512-BF16 or AMX-BF16 instructions (/proc/cpuinfo flags)")
     monkeypatch.setattr(hardware, "_cpuinfo_flags", lambda: {"avx512f", "amx_tile", "amx_bf16"})
     assert hardware.cpu_bf16() == (True, "native (AMX, from /proc/cpuinfo flags)")
+
+
+@pytest.mark.parametrize("value, native", [("0", False), ("1", True)])
+def test_the_override_answers_before_the_detection(monkeypatch, value, native):
+    monkeypatch.setenv(hardware.CPU_BF16_VAR, value)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: not native)  # the opposite of the override
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    ok, why = hardware.cpu_bf16()
+    assert ok is native and why == f"{'native' if native else 'emulated'}: forced by MAXOUT_CPU_BF16={value}"
+
+
+def test_a_bad_override_is_one_line_that_names_the_valid_values(monkeypatch, capsys):
+    from maxout import cli
+
+    monkeypatch.setenv(hardware.CPU_BF16_VAR, "yes")
+    code = cli.main(["train", "--cfg", "hardware=cpu", "model=tiny", "tracking=none"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0, err
+    assert err == ("maxout: error: MAXOUT_CPU_BF16='yes' is not valid (valid: 0 = no native bf16, "
+                   "1 = bf16 as if native, or unset to detect it)")
 
 
 @pytest.mark.parametrize("name, precision, tf32, tflops", [

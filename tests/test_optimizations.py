@@ -8,6 +8,7 @@ never hard-coded.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -156,6 +157,25 @@ def test_optimization_support_apply_and_params(name, cpu_device):
             assert tracker.params.get(f"opt.{decision.name}.reason"), decision
     assert case.effect(result, cpu_device)
     assert result.metrics["train/optimizer_steps"] == 3
+
+
+@pytest.mark.parametrize("forced, native", [("1", True), ("0", False)])
+def test_both_cpu_precisions_train_on_any_cpu(monkeypatch, forced, native):
+    """The table above follows the CPU it runs on (CI runs it with MAXOUT_CPU_BF16=0): each side of the bf16
+    decision still trains, whatever this CPU's instructions, with the override's reason logged."""
+    from maxout import hardware
+
+    monkeypatch.setenv(hardware.CPU_BF16_VAR, forced)
+    device = hardware.detect()
+    assert device.bf16 is native
+    tracker = NullTracker()
+    result = train(loading.load([*TINY, "hardware.precision=bf16"], device=device), tracker=tracker,
+                   progress=False, device=device, verbose=False)
+    assert tracker.params["opt.precision.effective"] == ("bf16" if native else "fp32")
+    assert logits_dtype(result) == (torch.bfloat16 if native else torch.float32)
+    assert f"forced by MAXOUT_CPU_BF16={forced}" in " ".join(device.notes)
+    losses = [value for _, value in tracker.metrics.get("train/loss", [])]
+    assert result.metrics["train/optimizer_steps"] == 3 and losses and all(map(math.isfinite, losses))
 
 
 def test_support_checks_on_a_gpu_description():

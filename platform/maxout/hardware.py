@@ -108,13 +108,25 @@ def _cpuinfo_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
+CPU_BF16_VAR = "MAXOUT_CPU_BF16"
+CPU_BF16_FORCED = {"0": False, "1": True}
+
+
 def cpu_bf16() -> tuple[bool, str]:
     """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX-BF16), and what said so.
 
     torch's CPU capability level ("AVX512") is not the answer: Skylake and Cascade Lake report AVX512 and have no
     bf16 instructions, so autocast there emulates bf16, slower than fp32. torch's own cpuid check answers where this
     torch has it (AMX tiles come with AMX-BF16 on every CPU that has them); the kernel's flags otherwise.
+
+    MAXOUT_CPU_BF16=0 or 1 overrides the detection: 0 runs a bf16 CPU as one without (CI does, so that the suite
+    proves it passes on CPUs it was not written on); 1 runs bf16 autocast where it is only emulated (slower, same
+    results). Any other value is refused by loading.load.
     """
+    forced = os.environ.get(CPU_BF16_VAR, "")
+    if forced in CPU_BF16_FORCED:
+        on = CPU_BF16_FORCED[forced]
+        return on, f"{'native' if on else 'emulated'}: forced by {CPU_BF16_VAR}={forced}"
     avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
     amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
     if avx512_bf16 is not None and amx is not None:

@@ -91,10 +91,15 @@ def _composable(overrides: list[str], problems: list) -> list[str]:
 
 def _environment() -> list[MaxoutError]:
     """Problems with the environment that hold whatever the config says."""
+    found: list[MaxoutError] = []
     root = os.environ.get("MAXOUT_ROOT")
     if root and not Path(root).expanduser().is_dir():
-        return [ConfigError(f"MAXOUT_ROOT={root!r} is not a directory; point it at the project root or unset it")]
-    return []
+        found.append(ConfigError(f"MAXOUT_ROOT={root!r} is not a directory; point it at the project root or unset it"))
+    bf16 = os.environ.get(hardware.CPU_BF16_VAR, "")
+    if bf16 and bf16 not in hardware.CPU_BF16_FORCED:
+        found.append(ConfigError(f"{hardware.CPU_BF16_VAR}={bf16!r} is not valid (valid: 0 = no native bf16, "
+                                 f"1 = bf16 as if native, or unset to detect it)"))
+    return found
 
 
 # ------------------------------------------------------------------------------------------ composition
