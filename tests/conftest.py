@@ -25,6 +25,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """Where tests that need the Docker engine were collected, start it and build its image now, in the
+    background, so that the minutes of downloads overlap the tests that run before them."""
+    if any("engine" in getattr(item, "fixturenames", ()) for item in session.items):
+        from . import docker_engine  # lazy: it imports this module
+
+        docker_engine.prepare_in_background()
+
+
+def pytest_sessionfinish(session):
+    from . import docker_engine  # lazy: it imports this module
+
+    docker_engine.stop_background()
+
+
 @pytest.fixture(autouse=True)
 def _isolate(monkeypatch):
     """Run from the repo root (relative data paths), with no MLflow variables leaking in, and restore the

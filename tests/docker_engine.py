@@ -17,6 +17,7 @@ debootstrap when they are missing).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import pwd
@@ -113,14 +114,8 @@ def _unmount_leftovers() -> None:
         subprocess.run(["umount", str(netns)], capture_output=True)
 
 
-@contextlib.contextmanager
-def engine() -> Iterator[Engine]:
-    """The engine, with the image built; stopped at the end (its data root stays, as a cache)."""
-    if os.geteuid() != 0:
-        pytest.skip("starting a Docker engine needs root (CI runs as root)")
-    _need("dockerd", "docker.io")
-    _need("docker", "docker.io")
-    _need("debootstrap", "debootstrap")
+def _prepare() -> tuple[subprocess.Popen, Engine]:
+    """Start the engine, build the image and the test user's virtualenv; the engine is stopped if that fails."""
     _ensure_user()
     try:
         proc, host = _start_daemon(None)  # overlay2 where the file system allows it
@@ -132,10 +127,52 @@ def engine() -> Iterator[Engine]:
                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if build.returncode:
             raise RuntimeError(f"make image-cpu failed:\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}")
-        yield Engine(host, time.monotonic() - started, user_python())
+        return proc, Engine(host, time.monotonic() - started, user_python())
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    _stop_daemon(proc)
+    _unmount_leftovers()
+
+
+_prepared: Optional[concurrent.futures.Future] = None
+
+
+def prepare_in_background() -> None:
+    """Start :func:`_prepare` in a thread while the rest of the suite runs (conftest calls this once the tests
+    that use the engine are collected). On a fresh machine it takes minutes that wait mostly on the network and the
+    disk (debootstrap, pip downloads, image layers), not on the two cores the other tests use."""
+    global _prepared
+    if _prepared is None and os.geteuid() == 0 and all(map(shutil.which, ("dockerd", "docker", "debootstrap"))):
+        _prepared = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="docker-engine").submit(_prepare)
+
+
+def stop_background() -> None:
+    """At the end of the session: stop an engine prepared in the background that no test took (after waiting for
+    its build, when the session ended first: the engine must not outlive it)."""
+    if _prepared is not None and _prepared.exception() is None:
+        _stop(_prepared.result()[0])
+
+
+@contextlib.contextmanager
+def engine() -> Iterator[Engine]:
+    """The engine, with the image built (by :func:`prepare_in_background` where it ran); stopped at the end (its
+    data root stays, as a cache)."""
+    global _prepared
+    if os.geteuid() != 0:
+        pytest.skip("starting a Docker engine needs root (CI runs as root)")
+    _need("dockerd", "docker.io")
+    _need("docker", "docker.io")
+    _need("debootstrap", "debootstrap")
+    prepared, _prepared = _prepared, None  # the background engine serves the first caller only
+    proc, running = prepared.result() if prepared is not None else _prepare()
+    try:
+        yield running
     finally:
-        _stop_daemon(proc)
-        _unmount_leftovers()
+        _stop(proc)
 
 
 def project_copy(dest: Path) -> Path:
