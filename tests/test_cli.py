@@ -116,3 +116,33 @@ def test_a_mistyped_option_still_fails_wherever_it_stands(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "unrecognized arguments: --no-progres" in err and "\n" not in err
+
+
+def test_every_help_example_runs(capsys):
+    """The help teaches these; each one runs as shown (the overrides on `train --cfg`, which composes and checks the
+    whole config; the grid and lever lists through the parsers the commands use)."""
+    import shlex
+
+    import yaml
+
+    from maxout.insight import grid, levers
+
+    code = cli.main(["train", "--cfg", *cli.OVERRIDES_EXAMPLE.split(), "--overrides", cli.OVERRIDES_STRING_EXAMPLE])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    train = yaml.safe_load(out)["train"]
+    assert (train["lr"], train["seed"], train["epochs"]) == (3e-5, 1, 1)
+    for spec in cli.GRID_EXAMPLES:
+        assert set(grid.parse_grid(spec)) == {part.split("=")[0] for part in shlex.split(spec)}
+    assert list(levers.parse_levers(cli.LEVERS_EXAMPLE)) == cli.LEVERS_EXAMPLE.split(",")
+
+
+def test_version_and_the_config_groups_in_help(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"maxout {__import__('maxout').__version__}"
+    for command in ("train", "hpo", "audit", "benchmark", "check-hardware", "find-batch-size"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "  hardware=a100|auto|cpu|" in out and "|tiny|" in out and "  data=files|nli_demo" in out, command

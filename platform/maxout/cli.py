@@ -21,12 +21,19 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
+from . import __version__
 from .errors import USAGE, ConfigError, MaxoutError, Terminated, combined
 from .insight.grid import AXES
 
 
 DESCRIPTION = ("Fine-tune transformer encoders with every GPU speed-up as a config flag, measured and tracked in "
                "MLflow. Each command takes Hydra overrides, e.g. `maxout train hardware=cpu model=tiny`.")
+# The examples the help shows. tests/test_cli.py runs each one, so a help text cannot teach a command that fails.
+OVERRIDES_EXAMPLE = "hardware=cpu model=tiny train.epochs=1"
+OVERRIDES_STRING_EXAMPLE = "train.lr=3e-5 train.seed=1"
+GRID_EXAMPLES = ("precision=fp32,bf16 compile=off,on", "padding=dynamic,bucketed,packed")
+LEVERS_EXAMPLE = "precision,bucketing"
+CONFIG_GROUPS = ("hardware", "model", "data", "train", "tracking", "hpo")
 
 
 def split_overrides(positional: Sequence[str], overrides: Optional[str]) -> list[str]:
@@ -320,9 +327,20 @@ def _positive_int(text: str) -> int:
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. hardware=cpu model=tiny train.epochs=1")
+    p.add_argument("overrides", nargs="*", help=f"Hydra overrides, e.g. {OVERRIDES_EXAMPLE}")
     p.add_argument("--overrides", dest="overrides_string", default=None, metavar="STRING",
-                   help='more overrides as one string, split like a shell: --overrides "train.lr=3e-5 seed=1"')
+                   help=f'more overrides as one string, split like a shell: --overrides "{OVERRIDES_STRING_EXAMPLE}"')
+    p.epilog = config_groups_help()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # the epilog's one line per group
+
+
+def config_groups_help() -> str:
+    """Each config group's options (the YAML files of the package and of every project), for a command's --help."""
+    from .paths import group_options  # lazy: read when a parser that takes overrides is built, not on import
+
+    rows = [f"  {group}={'|'.join(group_options(group))}" for group in CONFIG_GROUPS]
+    return ("config groups (GROUP=NAME picks one; GROUP.KEY=VALUE sets a key; `maxout train --cfg` prints them "
+            "all):\n" + "\n".join(rows))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -350,6 +368,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="maxout", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="fine-tune a model with the composed config")
@@ -413,10 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("benchmark", help="ablation over a grid of optimizations, one MLflow child run per cell")
     _add_overrides(p)
     p.add_argument("--grid", default=None, metavar="SPEC",
-                   help='axes and values, e.g. "precision=fp32,bf16 compile=off,on" (default: every value of '
+                   help=f'axes and values, e.g. "{GRID_EXAMPLES[0]}" (default: every value of '
                         f'{", ".join(a for a, axis in AXES.items() if axis.in_default)}; also: '
                         f'{", ".join(a for a, axis in AXES.items() if not axis.in_default)}, e.g. '
-                        '"padding=dynamic,bucketed,packed")')
+                        f'"{GRID_EXAMPLES[1]}")')
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per cell (default: one epoch, which measures length bucketing fairly)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds over the grid; medians are reported")
@@ -434,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, metavar="N",
                    help="steady-state optimizer steps per measured run (default 20)")
     p.add_argument("--levers", default=None, metavar="NAMES",
-                   help="measure only these levers, e.g. precision,bucketing (the others are still listed)")
+                   help=f"measure only these levers, e.g. {LEVERS_EXAMPLE} (the others are still listed)")
     p.add_argument("--out", default=None, metavar="DIR", help="where audit.md, audit.json and the charts go "
                                                               "(default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print audit.json instead of the tables")
