@@ -146,3 +146,18 @@ def test_version_and_the_config_groups_in_help(capsys):
             cli.main([command, "--help"])
         out = capsys.readouterr().out
         assert "  hardware=a100|auto|cpu|" in out and "|tiny|" in out and "  data=files|nli_demo" in out, command
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.padding=sideways"], "data.padding='sideways' (valid: dynamic, max_length, packed)"),
+    (["train.lr=-1", "train.epochs=0"], "2 problems: train.epochs=0 must be >= 1; train.lr=-1.0 must be > 0"),
+    (["train.learning_rate=1"], "unknown config key 'train.learning_rate'"),
+])
+def test_a_bad_override_is_refused_before_torch_transformers_or_mlflow_is_imported(overrides, message):
+    """The refusal's speed is measured in benchmarks/cli_refusal.py; here, what makes it fast: nothing heavy loads."""
+    probe = ("import sys; from maxout import cli; code = cli.main(sys.argv[1:]); "
+             "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules)); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", probe, "train", *overrides], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 2 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr

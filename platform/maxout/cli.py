@@ -58,10 +58,14 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def load_config(args: argparse.Namespace, device: Any = None) -> Any:
     """The command's config, with every problem listed at once: each bad override and value, and, when there are
     any, also whatever is wrong with the data, model and environment (so one attempt shows the user everything)."""
-    from . import loading  # lazy: hydra, and torch through hardware detection (start-up)
+    from . import loading  # lazy: hydra (start-up); torch only once load() detects the device
 
+    overrides = split_overrides(args.overrides, args.overrides_string)
+    early = loading.precheck(overrides)  # a typo is refused in a second, before torch, transformers and mlflow
+    if early:
+        raise combined(early)
     problems: list[MaxoutError] = []
-    cfg = loading.load(split_overrides(args.overrides, args.overrides_string), device, problems)
+    cfg = loading.load(overrides, device, problems)
     if problems:
         if cfg is not None:
             from .train import prepare  # lazy: the training stack (start-up), only when there is more to report
@@ -72,12 +76,12 @@ def load_config(args: argparse.Namespace, device: Any = None) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train.distributed import env_world_size  # lazy: torch (start-up); load_config loads it anyway
+    cfg = load_config(args)
+    from .train.distributed import env_world_size  # lazy: torch (start-up), after the config's quick checks
 
     if args.nproc_per_node > 1 and env_world_size() > 1:
         raise ConfigError(f"--nproc-per-node {args.nproc_per_node}: this process was started by a launcher already "
                           f"(WORLD_SIZE={env_world_size()}); drop --nproc-per-node")
-    cfg = load_config(args)
     if args.cfg:
         from omegaconf import OmegaConf  # lazy: loaded already by load_config; named here, not at the top (start-up)
 

@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from .errors import HardwareError
-from .paths import CONF_DIR
+from .paths import CONF_DIR, CPU_BF16_FORCED, CPU_BF16_VAR
 
 
 @dataclass
@@ -106,10 +106,6 @@ def _cpuinfo_flags() -> set[str]:
         return set()
     line = next((x for x in text.splitlines() if x.startswith("flags")), "")
     return set(line.partition(":")[2].split())
-
-
-CPU_BF16_VAR = "MAXOUT_CPU_BF16"
-CPU_BF16_FORCED = {"0": False, "1": True}
 
 
 def cpu_bf16() -> tuple[bool, str]:

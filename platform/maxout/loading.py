@@ -20,7 +20,7 @@ import re
 import typing
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -28,10 +28,12 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import hardware
 from .config import Config
 from .errors import ConfigError, HardwareError, MaxoutError, collect, combined
-from .paths import CONF_DIR, group_options, search_path
+from .paths import CONF_DIR, CPU_BF16_FORCED, CPU_BF16_VAR, group_options, search_path
+
+if TYPE_CHECKING:
+    from . import hardware
 
 
 def load(overrides: Sequence[str] = (), device: Optional[hardware.DeviceInfo] = None,
@@ -43,6 +45,8 @@ def load(overrides: Sequence[str] = (), device: Optional[hardware.DeviceInfo] = 
     are appended to it and the config is returned as far as it could be built: invalid, or None when no
     composition succeeded (the CLI then adds the data, model and environment problems it can still tell).
     """
+    from . import hardware  # lazy: torch (seconds); precheck() must answer without it
+
     device = device or hardware.detect()
     found: list[MaxoutError] = _environment()
     try:
@@ -58,8 +62,25 @@ def load(overrides: Sequence[str] = (), device: Optional[hardware.DeviceInfo] = 
     return cfg
 
 
+def precheck(overrides: Sequence[str]) -> list[MaxoutError]:
+    """The problems ``overrides`` (and the environment) have on any device, found without importing torch: the
+    config composed as given (``hardware=auto``'s file holds no settings, so the schema's defaults stand in for the
+    profile it will pick), typed and checked. The CLI refuses a typo here, in about a second, before it imports
+    torch, transformers and mlflow (ten); what needs the device (the picked profile, a GPU profile on a CPU) is
+    load()'s."""
+    problems: list[MaxoutError] = _environment()
+    try:
+        to_typed(compose(list(overrides)), problems)
+    except ConfigError:  # the composition itself failed: name every override that breaks it, as load() does
+        good = _composable(list(overrides), problems)
+        collect(problems, lambda: to_typed(compose(good), problems))
+    return problems
+
+
 def _load(overrides: list[str], device: hardware.DeviceInfo, problems: list) -> Config:
     """Compose, resolve ``hardware=auto``, type; invalid values and the hardware mismatch go to ``problems``."""
+    from . import hardware  # lazy: torch, see load()
+
     # Which profile is selected? auto.yaml holds no settings, so hardware.* value overrides are left out of
     # this probe; they apply on top of the picked profile in the real composition below.
     probe = compose([o for o in overrides if not o.lstrip("+~").startswith("hardware.")])
@@ -95,9 +116,9 @@ def _environment() -> list[MaxoutError]:
     root = os.environ.get("MAXOUT_ROOT")
     if root and not Path(root).expanduser().is_dir():
         found.append(ConfigError(f"MAXOUT_ROOT={root!r} is not a directory; point it at the project root or unset it"))
-    bf16 = os.environ.get(hardware.CPU_BF16_VAR, "")
-    if bf16 and bf16 not in hardware.CPU_BF16_FORCED:
-        found.append(ConfigError(f"{hardware.CPU_BF16_VAR}={bf16!r} is not valid (valid: 0 = no native bf16, "
+    bf16 = os.environ.get(CPU_BF16_VAR, "")
+    if bf16 and bf16 not in CPU_BF16_FORCED:
+        found.append(ConfigError(f"{CPU_BF16_VAR}={bf16!r} is not valid (valid: 0 = no native bf16, "
                                  f"1 = bf16 as if native, or unset to detect it)"))
     return found
 

@@ -18,6 +18,9 @@ from typing import Optional
 from .errors import ConfigError
 
 CONF_DIR = Path(__file__).parent / "conf"
+# MAXOUT_CPU_BF16=0|1 overrides the CPU's native-bf16 detection (hardware.cpu_bf16); loading checks its value.
+CPU_BF16_VAR = "MAXOUT_CPU_BF16"
+CPU_BF16_FORCED = {"0": False, "1": True}
 
 
 def project_root() -> Path:
