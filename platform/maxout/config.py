@@ -163,7 +163,7 @@ class DataConfig:
     padding: str = "dynamic"  # dynamic: pad each batch to its longest row | max_length: always max_length |
     # packed: no padding, each micro-batch one flattened sequence of whole rows (optimizations/packing.py)
     max_tokens_per_batch: Any = None  # packed: the token budget per micro-batch (int, or auto = micro-batch x mean
-    # training row length); required with padding=packed
+    # training row length); null means auto
     bucketing: bool = True  # group rows of similar length into batches (needs dynamic padding)
     bucket_batches: int = 50  # batches sorted together per bucket: bigger pads less, smaller is more random
     pad_to_multiple_of: Any = "auto"  # auto: 8 on CUDA (tensor-core friendly shapes), none on CPU
@@ -183,10 +183,6 @@ class DataConfig:
                                             and budget >= self.max_length),
                f"data.max_tokens_per_batch={budget!r} is invalid: use an integer >= data.max_length="
                f"{self.max_length} (one row must fit), 'auto' or null")
-        _check(self.padding != "packed" or budget is not None,
-               "data.padding=packed forms batches by a token budget, not by the batch size: set "
-               "data.max_tokens_per_batch=N (tokens per micro-batch) or data.max_tokens_per_batch=auto (the "
-               "micro-batch x the mean training row length)")
         _check(self.pad_to_multiple_of in ("auto", None) or (isinstance(self.pad_to_multiple_of, int)
                                                              and self.pad_to_multiple_of > 0),
                f"data.pad_to_multiple_of={self.pad_to_multiple_of!r}: use a positive integer, null or 'auto'")
