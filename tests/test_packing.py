@@ -295,6 +295,24 @@ def test_a_tiny_packed_run_logs_each_steps_samples_and_no_padding(cpu_device):
     assert result.metrics["perf/flops_per_token"] > 0  # MFU's formula runs on a decoder
 
 
+def test_packed_alone_takes_the_auto_token_budget(cpu_device):
+    """data.padding=packed with no data.max_tokens_per_batch: the budget is auto (micro-batch x mean row length)."""
+    from maxout.tracking.tracker import NullTracker
+    from maxout.train import train
+
+    from .conftest import TINY
+
+    cfg = loading.load([*TINY, "model=tiny_gemma", "train.max_steps=2", "data.padding=packed",
+                        "checkpoint.enabled=false"], device=cpu_device)
+    assert cfg.data.max_tokens_per_batch is None
+    tracker = NullTracker()
+    result = train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False)
+    assert tracker.params["opt.padding.effective"] == "packed" and result.setup.packed
+    lengths = data.encode(result.setup.tokenizer, result.setup.dataset.train, cfg.data.max_length).lengths
+    auto = packing.token_budget("auto", result.setup.micro_batch, lengths)
+    assert tracker.params["derived.max_tokens_per_batch"] == str(auto)
+
+
 def test_packing_an_architecture_without_a_packed_path_falls_back_with_the_reason(cpu_device):
     from maxout.tracking.tracker import NullTracker
     from maxout.train import train
