@@ -138,7 +138,10 @@ def nginx_binary() -> Path:
     NGINX_CACHE.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=NGINX_CACHE.parent) as work:
         os.chmod(work, 0o755)  # apt downloads as its own user, _apt
-        subprocess.run(["apt-get", "-q", "download", "nginx"], cwd=work, check=True, capture_output=True)
+        download = ["apt-get", "-q", "download", "nginx"]
+        if subprocess.run(download, cwd=work, capture_output=True).returncode != 0:  # no package lists yet
+            subprocess.run(["apt-get", "-q", "update"], check=True, capture_output=True)
+            subprocess.run(download, cwd=work, check=True, capture_output=True)
         unpacked = Path(work) / "root"
         subprocess.run(["dpkg-deb", "-x", str(next(Path(work).glob("nginx_*.deb"))), str(unpacked)], check=True)
         if not binary.is_file():  # a parallel session may have unpacked it meanwhile
@@ -146,7 +149,10 @@ def nginx_binary() -> Path:
     return binary
     with tempfile.TemporaryDirectory() as work:
         os.chmod(work, 0o755)  # apt downloads as its own user, _apt
-        subprocess.run(["apt-get", "-q", "download", "nginx"], cwd=work, check=True, capture_output=True)
+        download = ["apt-get", "-q", "download", "nginx"]
+        if subprocess.run(download, cwd=work, capture_output=True).returncode != 0:  # no package lists yet
+            subprocess.run(["apt-get", "-q", "update"], check=True, capture_output=True)
+            subprocess.run(download, cwd=work, check=True, capture_output=True)
         debs = sorted(Path(work).glob("nginx_*.deb"))
         staging = Path(tempfile.mkdtemp(prefix="nginx-", dir=NGINX_CACHE.parent if NGINX_CACHE.parent.exists()
                                         else None))

@@ -44,13 +44,13 @@ def online(monkeypatch, tmp_path):
 
 
 def train(argv, store, capsys) -> tuple[int, str, float]:
-    """``maxout train`` in this process: (exit code, its last stderr line, seconds)."""
+    """``maxout train`` in this process: (exit code, its last stderr line on failure, else all its output, seconds)."""
     start = time.perf_counter()
     code = cli.main([*argv, *store["overrides"], "--no-progress"])
     elapsed = time.perf_counter() - start
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     lines = err.strip().splitlines()
-    return code, (lines[-1] if lines else "") if code else err, elapsed
+    return code, (lines[-1] if lines else "") if code else out + err, elapsed
 
 
 def finished_runs(store, count: int = 1):

@@ -1,11 +1,13 @@
 """A Hugging Face Hub model id to a local snapshot folder and the commit it holds: downloaded when it is not in the
 cache, read from the cache alone with ``HF_HUB_OFFLINE=1``.
 
-huggingface_hub's own ``snapshot_download`` does the work (the cache layout, resumable locks, revision to commit),
-with the Hub's standard variables read at each call rather than at import, so a process (or a test) that sets them
-late is obeyed: ``HF_ENDPOINT`` (a mirror), ``HF_TOKEN`` (gated and private repos), ``HF_HUB_OFFLINE``,
-``HF_HUB_CACHE`` / ``HF_HOME`` and ``HF_HUB_DOWNLOAD_TIMEOUT``. Every network step is bounded by that timeout
-(huggingface_hub's own client has none), so an unreachable or silent Hub is a one-line error in seconds, not a hang.
+huggingface_hub's own ``snapshot_download`` does the work (the cache layout, file locks, revision to commit), with
+the Hub's standard variables read at each call rather than at import, so a process (or a test) that sets them late
+is obeyed: ``HF_ENDPOINT`` (a mirror), ``HF_TOKEN`` (gated and private repos), ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE`` /
+``HF_HOME`` and ``HF_HUB_DOWNLOAD_TIMEOUT``. huggingface_hub's shared HTTP client has no timeout, and
+``snapshot_download`` asks the Hub for the repo's files without one, so a bounded ``model_info`` asks first: an
+unreachable or silent Hub is a one-line error in seconds (or the cached copy, where there is one), not a hang. The
+downloads that follow have huggingface_hub's own limits (``etag_timeout``, and its download timeout, 10 s a read).
 Each failure the Hub can answer with is one line naming the model and what to do.
 
 Only the weights one format needs are fetched: safetensors where the repo has them, else PyTorch ``.bin`` files;
