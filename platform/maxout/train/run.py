@@ -105,7 +105,8 @@ def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
         return None
     cfg = setup.cfg
     meta = inference.ModelMeta(cfg.data.text_column, cfg.data.text_pair_column, setup.dataset.label_names,
-                               cfg.data.max_length, setup.derived.get("pooling"))
+                               cfg.data.max_length, setup.derived.get("pooling"), base_model(cfg),
+                               setup.derived.get("model_commit"))
     val = setup.dataset.validation
     example = pd.DataFrame({cfg.data.text_column: val.texts[:2]})
     if val.pairs is not None:
@@ -113,6 +114,16 @@ def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
     with tempfile.TemporaryDirectory(prefix="maxout-model-") as tmp:
         inference.save(lora.merged(model), setup.tokenizer, meta, tmp)
         return tracker.log_model(tmp, example)
+
+
+def base_model(cfg: Config) -> Optional[str]:
+    """What the logged model was fine-tuned from: a Hub id or a folder (None: random weights)."""
+    mc = cfg.model
+    if mc.source == "config":
+        return None
+    if mc.source == "package":
+        return mc.name_or_path or None
+    return mc.path or mc.name_or_path
 
 
 def selection_metrics(selected: Selected, selection: ModelSelection, steps_per_epoch: int,

@@ -287,6 +287,9 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
         "zero_grad_set_to_none": True,
         **{f"rows_dropped_{split}": n for split, n in dataset.dropped.items()},  # data.on_missing=drop
     }
+    commit = modeling.base_commit(cfg.model)  # resolved in the checks before the run: no download here
+    if commit:
+        setup.derived["model_commit"] = commit
     if isinstance(classifier, pooling.PooledClassifier):
         setup.derived["pooling"] = classifier.pooling
     if setup.packed:
