@@ -3,7 +3,10 @@ CUDA image"), against the three stores:
 
 - (a) the embedded store (mlflow.db and mlruns/ in the project folder: what `make ui` opens), with no `-A`;
 - (b) a tracking server with proxied artifacts, with `-A network=host`;
-- (c) a tracking server whose artifacts go to S3 directly (moto), with `-A network=host`.
+- (c) a tracking server whose artifacts go to S3 directly (moto), with `-A network=host`;
+
+and a model by name from a Hub on loopback (tests/hub_server.py: olah behind an nginx gate that wants HF_TOKEN),
+downloaded inside the container into the cache volume once, with HF_TOKEN and HF_ENDPOINT passed by name.
 
 The image is `make image-cpu` (tests/docker_engine.py builds it once per session), the CPU stand-in of the CUDA
 image from the same Dockerfile. Each run is checked in its store: FINISHED, the params and metrics maxout logs, and
@@ -22,7 +25,7 @@ import mlflow
 import pandas as pd
 import pytest
 
-from . import docker_engine, services
+from . import docker_engine, hub_server, services
 
 pytestmark = pytest.mark.slow
 
@@ -175,3 +178,42 @@ def test_the_image_runs_this_checkouts_code_as_a_non_root_user(engine, tmp_path)
     os.chown(store, 0, 0)
     refused = engine.docker("run", "--rm", "-v", mount, docker_engine.IMAGE, "id", "-u", check=False)
     assert_one_line_error(refused, "belongs to root, and this image never trains as root")
+
+
+HUB_TOKEN = "hf_" + "Ct7" * 11  # the form of a real token; the gate in front of the loopback Hub wants it
+HUB_OVERRIDES = ("model=bert_base model.name_or_path=maxout-test/tiny-bert train.max_steps=2 train.epochs=1 "
+                 "train.log_every=1 data.max_length=64")
+
+
+def weight_downloads(gate_log: Path) -> int:
+    """GETs of a weights file that the Hub answered with its content (nginx's access log of the gate)."""
+    lines = gate_log.read_text().splitlines() if gate_log.is_file() else []
+    return sum(1 for line in lines if '"GET ' in line and ".safetensors" in line and '" 200 ' in line)
+
+
+def test_a_hub_model_downloads_inside_the_container_once_with_the_token_passed_by_name(engine, project, tmp_path):
+    """Issue 27 (3): a model by name downloads inside the container from a loopback Hub (olah, behind an nginx gate
+    that wants HF_TOKEN, as a gated repo does) into the named cache volume; the second run downloads nothing.
+    HF_ENDPOINT and HF_TOKEN reach the job by name: the token is on no command line, in no param or tag."""
+    root = tmp_path / "hub"
+    commit = hub_server.make_model_repo(root, "maxout-test/tiny-bert")["main"]
+    engine.docker("volume", "rm", "-f", "maxout-hf-cache")  # an empty cache: the first run must download
+    store = f"sqlite:///{project / 'mlflow.db'}"
+    args = ["-P", "hardware=cpu", "-P", f"overrides={HUB_OVERRIDES}", "-A", "network=host"]  # the Hub on loopback
+    with hub_server.hub_server(root) as olah, hub_server.gated(olah, HUB_TOKEN, root) as gate:
+        gate_log = root / f"nginx-{gate.rsplit(':', 1)[1]}" / "access.log"
+        env = {"HF_ENDPOINT": gate, "HF_TOKEN": HUB_TOKEN}
+        first = docker_engine.mlflow_run(engine, project, args, env=env)
+        assert first.returncode == 0, first.stderr[-4000:]
+        downloaded = weight_downloads(gate_log)
+        assert downloaded >= 1
+        second = docker_engine.mlflow_run(engine, project, args, env=env)
+        assert second.returncode == 0, second.stderr[-4000:]
+        assert weight_downloads(gate_log) == downloaded  # served from the volume
+    runs = mlflow.MlflowClient(store).search_runs(["0"])
+    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
+    for result, finished in zip((first, second), runs):
+        assert HUB_TOKEN not in result.stdout + result.stderr  # mlflow run prints the docker command
+        assert "-e HF_TOKEN -e HF_ENDPOINT" in result.stderr  # by name: docker copies the values
+        assert HUB_TOKEN not in str(finished.data.params) + str(finished.data.tags)
+        assert finished.data.params["derived.model_commit"] == commit  # the weights the run downloaded
