@@ -234,6 +234,7 @@ def mlproject_runs(stack, tmp_path_factory):
 
     project = load_project(str(ROOT))
     host_env = {**stack.client_env("trainer"), "AWS_DEFAULT_REGION": "us-east-1", "HF_TOKEN": HF_TOKEN}
+    host_env.pop("HF_ENDPOINT", None)  # unset in this shell (conftest sets one): docker must then pass none
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(host_env)  # the shell `mlflow run` is typed in
