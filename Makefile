@@ -13,6 +13,12 @@ IMAGE ?= maxout:latest
 BASE_CPU ?= maxout-base:bookworm
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
 IMAGE_WHEELS := build/image-wheels
+# make image-cuda-check: the CUDA image built here, from the same Debian base and PyPI's (CUDA) torch build
+CUDA_CHECK_IMAGE ?= maxout:cuda-check
+CUDA_WHEELS := build/image-wheels-cuda
+# pip with this machine's own settings off (a local find-links folder holds the CPU torch build), so that it takes
+# PyPI's wheels: PyPI's default Linux torch wheel is the CUDA build.
+PYPI_PIP := env PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_EXTRA_INDEX_URL= $(BIN)/python -m pip
 # Builds use the host's network: it works with and without Docker's bridge (dockerd --bridge=none has none).
 BUILD_NETWORK ?= host
 COMPOSE := docker compose --env-file docker/.env -f docker/compose.yaml
@@ -25,8 +31,8 @@ OUT ?= benchmarks/out/gpu
 GPU_REPLICA ?= /tmp/maxout-gpu-replica
 GPU_REPLICA_PYTHON ?= python3.12
 
-.PHONY: install run test test-fast ui clean lint image image-cpu image-base-cpu platform-up platform-down \
-	check-hardware benchmark audit gpu-wheels gpu-report gpu-rehearsal
+.PHONY: install run test test-fast ui clean lint image image-cpu image-cuda-check image-base-cpu platform-up \
+	platform-down check-hardware benchmark audit gpu-wheels gpu-report gpu-rehearsal
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -77,6 +83,29 @@ image-cpu: install
 	  --build-arg RUNTIME_BASE=$(BASE_CPU) --build-arg WHEELS=$(IMAGE_WHEELS) \
 	  --build-arg TORCH_SPEC=torch==$(TORCH_VERSION) --build-arg "TORCH_PIP_ARGS=--no-index --find-links /wheels" \
 	  --build-arg "PIP_ARGS=--no-index --find-links /wheels" .
+
+## image-cuda-check: the CUDA image (PyPI's CUDA torch build with its nvidia-* wheels) built here once and proven
+##   inside: torch.version.cuda set, cuDNN and NCCL load, `maxout check-hardware` explains that no GPU is visible.
+##   Prints the build time and the image size (benchmarks/RESULTS.md, "The CUDA image"), then deletes the image
+##   and the build cache. Several GB of wheels and layers: not part of CI. The base is the CPU stand-in's Debian
+##   (make image's default is the same release from a registry), the wheels downloaded here and installed offline.
+image-cuda-check: install
+	docker image inspect $(BASE_CPU) >/dev/null 2>&1 || $(MAKE) image-base-cpu
+	$(PYPI_PIP) download -q -d $(CUDA_WHEELS) -c constraints.txt --index-url https://pypi.org/simple --prefer-binary \
+	  torch==$(TORCH_VERSION) setuptools wheel "$(CURDIR)[demo]"
+	start=$$(date +%s); docker build --network $(BUILD_NETWORK) -f docker/Dockerfile -t $(CUDA_CHECK_IMAGE) \
+	  --build-arg BUILDER_BASE=$(BASE_CPU) --build-arg RUNTIME_BASE=$(BASE_CPU) --build-arg WHEELS=$(CUDA_WHEELS) \
+	  --build-arg TORCH_SPEC=torch==$(TORCH_VERSION) --build-arg "TORCH_PIP_ARGS=--no-index --find-links /wheels" \
+	  --build-arg "PIP_ARGS=--no-index --find-links /wheels" . \
+	  && echo "maxout: built $(CUDA_CHECK_IMAGE) in $$(( $$(date +%s) - start )) s"
+	@echo "maxout: image size $$(docker image inspect -f '{{.Size}}' $(CUDA_CHECK_IMAGE)) bytes (wheels: \
+	$$(du -sh $(CUDA_WHEELS) | cut -f1))"
+	docker run --rm -i $(CUDA_CHECK_IMAGE) python - < benchmarks/cuda_image_proofs.py
+	docker run --rm $(CUDA_CHECK_IMAGE) maxout check-hardware
+	docker image rm $(CUDA_CHECK_IMAGE)
+	# The builder stage's image too: Docker's legacy builder keeps it untagged (a dangling image, about 9 GB).
+	docker image prune -f
+	docker builder prune -f
 
 ## image-base-cpu: $(BASE_CPU) from Debian's packages (debootstrap needs root and about a minute)
 image-base-cpu:

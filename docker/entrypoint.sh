@@ -1,23 +1,39 @@
 #!/bin/sh
-# The training image's entrypoint: it runs the command (`maxout train ...` from MLproject) as an unprivileged user.
+# The training image's entrypoint: it runs the command (`maxout train ...` from MLproject) as an unprivileged user,
+# never as root. The pattern of the official postgres image: started as root (the image's default, so that
+# `mlflow run .` needs no `-A user=...`), it hands the folders the job writes to the user it will run as, then drops
+# to that user (setpriv) before anything else runs. Started as any other user (`-A user=...`), it just runs.
 #
-# Started as the image's user (maxout, uid 10001: the default) or any other non-root user, it just runs it.
-# Started as root, which `mlflow run` against the embedded store needs (`-A user=root`, README), it first hands
-# back what Docker created as root, then runs the command as the owner of the store, never as root (unless the
-# store itself belongs to root):
-# - `mlflow run` mounts a local SQLite store's file at /mlflow/tmp/mlruns: its owner is the user to run as;
-# - it also bind-mounts the run's new artifact folder (.../<run id>/artifacts), which Docker creates on the host,
-#   with any missing parent (mlruns/, the experiment's folder), as root. Those folders go to the store's owner;
-#   the walk up stops at the first folder that is not root's, or that lies on another file system (the image's).
-# Without a local store (a tracking server) it runs the command as maxout.
+# Who the job runs as, when started as root:
+# - with the embedded store: the owner of the store. `mlflow run` mounts a local SQLite store's file at
+#   /mlflow/tmp/mlruns; everything the job adds to the store (rows, the run's artifacts) stays that user's.
+# - without one (a tracking server): maxout, uid 10001, the image's unprivileged user.
+# What it hands to that user first:
+# - the run's artifact folder (.../<run id>/artifacts), which `mlflow run` bind-mounts and Docker creates on the
+#   host, with any missing parent (mlruns/, the experiment's folder), as root. The walk up stops at the first
+#   folder that is not root's, or that lies on another file system (the image's).
+# - the named volumes MLproject mounts: the job's state (MAXOUT_STATE_DIR) and the Hugging Face cache (HF_HOME),
+#   whatever an earlier run as another user left in them (find ! -user, like postgres's entrypoint).
 set -eu
+
+# MLproject passes HF_TOKEN and HF_ENDPOINT by name; an empty one would mean "no endpoint" to huggingface_hub.
+[ -n "${HF_TOKEN-}" ] || unset HF_TOKEN
+[ -n "${HF_ENDPOINT-}" ] || unset HF_ENDPOINT
 
 [ "$(id -u)" = 0 ] || exec "$@"
 
 store=/mlflow/tmp/mlruns
-[ -f "$store" ] || exec setpriv --reuid=10001 --regid=10001 --clear-groups -- "$@"
-uid=$(stat -c %u "$store")
-gid=$(stat -c %g "$store")
+uid=10001
+gid=10001
+if [ -f "$store" ]; then
+    uid=$(stat -c %u "$store")
+    gid=$(stat -c %g "$store")
+fi
+if [ "$uid" = 0 ]; then
+    echo "maxout: error: the local MLflow store mounted at $store belongs to root, and this image never trains as" \
+         "root: run mlflow run as the ordinary user who owns mlflow.db (chown it to that user first)" >&2
+    exit 2
+fi
 
 suffix="/${MLFLOW_RUN_ID:-no-run}/artifacts"
 for dir in $(awk -v s="$suffix" 'substr($5, length($5) - length(s) + 1) == s { print $5 }' /proc/self/mountinfo); do
@@ -28,5 +44,8 @@ for dir in $(awk -v s="$suffix" 'substr($5, length($5) - length(s) + 1) == s { p
     done
 done
 
-[ "$uid" != 0 ] || exec "$@"
+for volume in "${MAXOUT_STATE_DIR:-/var/lib/maxout}" "${HF_HOME:-/var/cache/huggingface}"; do
+    [ ! -d "$volume" ] || find "$volume" ! -user "$uid" -exec chown -h "$uid:$gid" {} +
+done
+
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"

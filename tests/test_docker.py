@@ -49,16 +49,21 @@ def build_args() -> dict[str, str]:
     return args
 
 
-def test_training_image_is_multistage_on_a_cuda_cudnn_runtime_with_only_the_venv_copied():
+def test_training_image_is_multistage_on_a_plain_base_that_does_not_carry_cuda_twice_with_only_the_venv_copied():
     builder, runtime = stages(TRAINER)
     args = build_args()
-    # The base images are build arguments (make image-cpu swaps in a Debian stand-in); their defaults are CUDA's.
+    # The base images are build arguments (make image-cpu and image-cuda-check swap in a Debian base built here).
     assert instructions(builder, "FROM") == ["${BUILDER_BASE} AS builder"]
     assert instructions(runtime, "FROM") == ["${RUNTIME_BASE} AS runtime"]
     base = args["RUNTIME_BASE"]
-    assert re.fullmatch(r"nvidia/cuda:[\d.]+-cudnn-runtime-ubuntu[\d.]+", base), base
-    # The builder runs on the base's Ubuntu release, so the venv's interpreter path exists at run time.
-    assert args["BUILDER_BASE"] == "ubuntu:" + base.split("-ubuntu")[1]
+    # No CUDA base: torch's nvidia-* wheels bring the CUDA runtime, cuDNN and NCCL (benchmarks/RESULTS.md, "The CUDA
+    # image"); an nvidia/cuda base would hold them a second time.
+    assert "cuda" not in base and "nvidia" not in base, base
+    # Both stages on one base, so the venv's interpreter path exists at run time; the same Debian release as the
+    # CPU stand-in's debootstrap base, which make image-cuda-check proves the CUDA build on.
+    assert args["BUILDER_BASE"] == base == "debian:bookworm-slim"
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"^BASE_CPU \?= maxout-base:(\S+)$", make, re.M).group(1) == base.split(":")[1].split("-")[0]
     assert instructions(runtime, "COPY") == ["--from=builder /opt/venv /opt/venv", "projects ./projects",
                                              "docker/entrypoint.sh /usr/local/bin/maxout-entrypoint"]
     runtime_apt = " ".join(instructions(runtime, "RUN"))
@@ -70,9 +75,9 @@ def test_training_image_pins_the_locked_cuda_torch_and_installs_the_project_from
     builder, _ = stages(TRAINER)
     args = build_args()
     assert args["TORCH_VERSION"] == pinned("torch")  # the same pin the Makefile and CI install
-    assert re.fullmatch(r"cu\d+", args["TORCH_CUDA"])
-    assert args["TORCH_SPEC"] == "torch==${TORCH_VERSION}+${TORCH_CUDA}"
-    assert "download.pytorch.org/whl/${TORCH_CUDA}" in args["TORCH_PIP_ARGS"]
+    # PyPI's torch: its default Linux wheel is the CUDA build (no local version label, no other index).
+    assert args["TORCH_SPEC"] == "torch==${TORCH_VERSION}" and args["TORCH_PIP_ARGS"] == ""
+    assert "download.pytorch.org" not in TRAINER.read_text()
     installs = [r for r in instructions(builder, "RUN") if "pip install" in r]
     assert len(installs) == 2 and all("-c constraints.txt" in r for r in installs)
     assert installs[0].rstrip().endswith('${TORCH_PIP_ARGS} "${TORCH_SPEC}"')
@@ -97,13 +102,39 @@ def test_the_cpu_stand_in_is_the_same_dockerfile_with_a_debian_base_and_offline_
     assert "debootstrap --variant=minbase bookworm" in base and "docker import - maxout-base:bookworm" in base
 
 
-def test_training_image_runs_the_mlproject_command_as_is_as_a_non_root_user_and_loads_models_by_name():
+def test_the_cuda_image_check_builds_pypis_cuda_torch_proves_it_and_stays_out_of_ci():
+    """make image-cuda-check: the default build's torch (PyPI's, the CUDA build) on the Debian base built here, with
+    the host's pip settings (a local CPU torch) turned off; the proofs inside; the multi-GB image deleted after."""
+    recipe = subprocess.run(["make", "-n", "image-cuda-check"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.replace("\\\n", " ")
+    download = next(line for line in recipe.splitlines() if "pip download" in line)
+    assert "PIP_CONFIG_FILE=/dev/null" in download and "PIP_FIND_LINKS= " in download
+    assert "--index-url https://pypi.org/simple" in download and f"torch=={pinned('torch')}" in download
+    assert "-d build/image-wheels-cuda" in download and "-c constraints.txt" in download
+    build = next(line for line in recipe.splitlines() if "docker build" in line)
+    for arg in ("BUILDER_BASE=maxout-base:bookworm", "RUNTIME_BASE=maxout-base:bookworm",
+                "WHEELS=build/image-wheels-cuda", f"TORCH_SPEC=torch=={pinned('torch')}"):
+        assert f"--build-arg {arg}" in build, arg
+    assert "-t maxout:cuda-check" in build  # never the tag MLproject runs
+    assert "python - < benchmarks/cuda_image_proofs.py" in recipe and "maxout check-hardware" in recipe
+    assert "docker image rm maxout:cuda-check" in recipe and "docker image prune" in recipe
+    assert "docker builder prune" in recipe
+    assert "!build/image-wheels-cuda/" in (ROOT / ".dockerignore").read_text().splitlines()
+    ci = (ROOT / ".ci" / "run").read_text() + subprocess.run(["make", "-n", "test", "lint"], cwd=ROOT,
+                                                            capture_output=True, text=True).stdout
+    assert "image-cuda-check" not in ci and "image-wheels-cuda" not in ci
+
+
+def test_training_image_starts_as_root_only_to_hand_over_its_folders_and_finds_the_hub_cache_on_a_volume():
     _, runtime = stages(TRAINER)
     parser = DockerfileParser(str(TRAINER))
     assert "HF_HUB_OFFLINE" not in parser.envs  # a model by name downloads; a user passes -e HF_HUB_OFFLINE=1
     assert instructions(runtime, "WORKDIR") == ["/app"]  # the project root: projects/ lives here
-    user = instructions(runtime, "USER")[-1]
-    assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), user  # numeric and not root
+    # No USER: the entrypoint starts as root, hands the run's folders and the volumes to the store's owner (or to
+    # uid 10001) and drops to that user; tests/test_mlflow_run.py checks the job never runs as root.
+    assert instructions(runtime, "USER") == []
+    entrypoint = (ROOT / "docker" / "entrypoint.sh").read_text()
+    assert entrypoint.rstrip().endswith('exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"')
     # `mlflow run` appends its command to `docker run IMAGE`: it replaces CMD and runs through the entrypoint,
     # which runs it unprivileged (tests/test_mlflow_run.py runs it for real).
     assert instructions(runtime, "ENTRYPOINT") == ['["/usr/local/bin/maxout-entrypoint"]']
@@ -113,8 +144,9 @@ def test_training_image_runs_the_mlproject_command_as_is_as_a_non_root_user_and_
     # Whatever user the job runs as (-A user=... maps it to the host user), it finds a home and writable folders:
     # the state volume (MAXOUT_STATE_DIR) and /mlflow/tmp, where SQLite writes the journal of the mounted store.
     assert parser.envs["MAXOUT_STATE_DIR"] == "/var/lib/maxout"
+    assert parser.envs["HF_HOME"] == "/var/cache/huggingface"
     writable = next(r for r in instructions(runtime, "RUN") if "chmod 1777" in r)
-    for folder in ("/var/lib/maxout", "/mlflow/tmp", parser.envs["HOME"]):
+    for folder in ("/var/lib/maxout", "/mlflow/tmp", parser.envs["HOME"], parser.envs["HF_HOME"]):
         assert folder in writable.split("chmod 1777", 1)[1], folder
 
 
@@ -164,17 +196,29 @@ def test_dockerignore_sends_only_what_the_images_copy():
     assert "**/.env" in rules
 
 
-def test_mlproject_uses_the_image_make_builds_and_requires_no_environment():
+def test_mlproject_uses_the_image_make_builds_and_passes_the_hub_variables_by_name_only():
     from mlflow.projects._project_spec import load_project
 
     project = load_project(str(ROOT))
     built = subprocess.run(["make", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert re.search(r"docker build .*-f docker/Dockerfile -t (\S+) \.", built).group(1) == project.docker_env["image"]
-    # MLflow refuses to start when a listed variable is unset, and prints listed values on the docker command line.
-    assert not project.docker_env.get("environment")
-    # The state volume (checkpoints outlive the container) and the project folder at its own path (the embedded
-    # store's artifact paths hold inside the container).
-    assert project.docker_env["volumes"] == ["maxout-state:/var/lib/maxout", "${PWD}:${PWD}"]
+    # No bare name: MLflow refuses to start when a listed variable is unset, and prints its value on the docker
+    # command line. Each entry is [KEY, VALUE], which MLflow writes as `-e KEY=VALUE` into the command bash runs.
+    environment = project.docker_env["environment"]
+    assert all(isinstance(entry, list) for entry in environment)
+    words = subprocess.run(["bash", "-c", "printf '%s\\n' " + " ".join(f"-e {k}={v}" for k, v in environment)],
+                           env={"HF_TOKEN": "hf_secret", "PATH": "/usr/bin:/bin"},
+                           cwd="/", capture_output=True, text=True, check=True).stdout.split()
+    # docker's by-name form: it copies HF_TOKEN and HF_ENDPOINT from its environment when they are set there; the
+    # token's value never reaches a command line (MLflow prints the command; docker's own argv is public in ps).
+    assert words[-4:] == ["-e", "HF_TOKEN", "-e", "HF_ENDPOINT"] and "hf_secret" not in " ".join(words)
+    assert "MAXOUT_HOST_DIR=/" in words  # bash expands ${PWD} (here /): the folder mlflow run starts in
+    # The state volume (checkpoints outlive the container), the Hugging Face cache (the image's HF_HOME: the second
+    # run downloads nothing), and the project folder at its own path (the embedded store's artifact paths hold
+    # inside the container).
+    hf_home = DockerfileParser(str(TRAINER)).envs["HF_HOME"]
+    assert project.docker_env["volumes"] == ["maxout-state:/var/lib/maxout", f"maxout-hf-cache:{hf_home}",
+                                             "${PWD}:${PWD}"]
     # A login and a region go by name only: docker copies each from the environment of `mlflow run`.
     names = [line for line in (ROOT / "docker" / "run.env").read_text().splitlines()
              if line and not line.startswith("#")]

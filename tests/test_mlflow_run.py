@@ -1,13 +1,18 @@
 """`mlflow run .` through a real Docker engine, as a user starts it from a fresh clone (README, "mlflow run in the
 CUDA image"), against the three stores:
 
-- (a) the embedded store (mlflow.db and mlruns/ in the project folder: what `make ui` opens), with `-A user=root`;
+- (a) the embedded store (mlflow.db and mlruns/ in the project folder: what `make ui` opens), with no `-A`;
 - (b) a tracking server with proxied artifacts, with `-A network=host`;
-- (c) a tracking server whose artifacts go to S3 directly (moto), with `-A network=host`.
+- (c) a tracking server whose artifacts go to S3 directly (moto), with `-A network=host`;
+
+and a model by name from a Hub on loopback (tests/hub_server.py: olah behind an nginx gate that wants HF_TOKEN),
+downloaded inside the container into the cache volume once, with HF_TOKEN and HF_ENDPOINT passed by name.
 
 The image is `make image-cpu` (tests/docker_engine.py builds it once per session), the CPU stand-in of the CUDA
 image from the same Dockerfile. Each run is checked in its store: FINISHED, the params and metrics maxout logs, and
-a model that loads and predicts. Each missing `-A` gets a one-line error that names it, and a FAILED run.
+a model that loads and predicts. Each missing `-A` gets a one-line error that names it, and a FAILED run. The job
+never runs as root: the image's entrypoint starts as root only to hand folders over, then runs as the store's owner
+(or uid 10001 without a local store).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import mlflow
 import pandas as pd
 import pytest
 
-from . import docker_engine, services
+from . import docker_engine, hub_server, services
 
 pytestmark = pytest.mark.slow
 
@@ -77,11 +82,14 @@ def assert_one_line_error(result, fix: str) -> None:
 
 
 def test_the_embedded_store(engine, project):
-    """(a): the store is the user's mlflow.db and mlruns/; the container starts as root only to hand the folders
-    Docker created for the run back to the user, and trains as the user. Nothing in the store is left root's."""
+    """(a): `mlflow run . -P hardware=cpu` as written, no `-A`. The store is the user's mlflow.db and mlruns/; the
+    container starts as root only to hand the folders Docker created for the run back to the user, and trains as
+    the user. Nothing in the store is left root's, and the last line names the store as the user sees it."""
     store = f"sqlite:///{project / 'mlflow.db'}"
-    result = run(engine, project, "-A", "user=root")
+    result = run(engine, project)
     assert result.returncode == 0, result.stderr[-4000:]
+    last = [line for line in result.stdout.splitlines() if line.startswith("maxout: MLflow run ")][-1]
+    assert last.endswith(f"(tracking URI: {store})"), last  # not the container's /mlflow/tmp/mlruns
     # Before this (root) process loads the model: MLflow writes a file into a local model's folder when it does.
     user = pwd.getpwnam(docker_engine.USER).pw_uid
     owners = {path: path.stat().st_uid for path in [project / "mlflow.db", *(project / "mlruns").rglob("*")]}
@@ -89,16 +97,17 @@ def test_the_embedded_store(engine, project):
     assert any(p.name == "MLmodel" for p in owners)  # the model's files are in the project, the user's too
     assert_trained_and_logged(the_only_run(store), store)
 
-    again = run(engine, project, "-A", "user=root", hardware=None)  # MLproject's default: hardware=auto
+    again = run(engine, project, hardware=None)  # MLproject's default: hardware=auto
     assert again.returncode == 0, again.stderr[-4000:]
     client = mlflow.MlflowClient(store)
     latest = client.search_runs(["0"], order_by=["attributes.start_time DESC"])[0]
     assert_trained_and_logged(latest, store, hardware="auto")
 
 
-def test_the_embedded_store_without_user_root_says_what_to_add(engine, project):
-    result = run(engine, project)
-    assert_one_line_error(result, "add -A user=root to mlflow run")
+def test_a_gpu_profile_without_gpus_all_says_what_to_add(engine, project):
+    """The `-A` a GPU needs: without it no GPU reaches the container, and a GPU profile stops in one line."""
+    result = run(engine, project, hardware="rtx3090")
+    assert_one_line_error(result, "Inside a container, pass -A gpus=all to mlflow run.")
     (failed,) = mlflow.MlflowClient(f"sqlite:///{project / 'mlflow.db'}").search_runs(["0"])
     assert failed.info.status == "FAILED"
 
@@ -145,12 +154,66 @@ FINGERPRINT = ("import hashlib, pathlib, maxout; root = pathlib.Path(maxout.__fi
                "for p in sorted(root.rglob('*.py')))).hexdigest())")
 
 
-def test_the_image_runs_this_checkouts_code_as_a_non_root_user(engine):
-    """What the runs above tested is this checkout's maxout, not a stale image; and the image's user is not root."""
+def test_the_image_runs_this_checkouts_code_as_a_non_root_user(engine, tmp_path):
+    """What the runs above tested is this checkout's maxout, not a stale image. The image starts as root, and its
+    entrypoint runs every command as another user: uid 10001 without a local store, the store's owner with one (as
+    `mlflow run` mounts it), and a store of root's is refused in one line."""
+    import os
     import subprocess
     import sys
 
     inside = engine.docker("run", "--rm", docker_engine.IMAGE, "python", "-c", FINGERPRINT).stdout.strip()
     here = subprocess.run([sys.executable, "-c", FINGERPRINT], capture_output=True, text=True, check=True).stdout
     assert inside == here.strip()
+    assert engine.docker("image", "inspect", "-f", "{{.Config.User}}", docker_engine.IMAGE).stdout.strip() in ("",
+                                                                                                          "root")
     assert engine.docker("run", "--rm", docker_engine.IMAGE, "id", "-u").stdout.strip() == "10001"
+    user = pwd.getpwnam(docker_engine.USER)
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"")
+    mount = f"{store}:/mlflow/tmp/mlruns"
+    os.chown(store, user.pw_uid, user.pw_gid)
+    ids = engine.docker("run", "--rm", "-v", mount, docker_engine.IMAGE, "sh", "-c", "id -u; id -g").stdout.split()
+    assert ids == [str(user.pw_uid), str(user.pw_gid)]
+    os.chown(store, 0, 0)
+    refused = engine.docker("run", "--rm", "-v", mount, docker_engine.IMAGE, "id", "-u", check=False)
+    assert_one_line_error(refused, "belongs to root, and this image never trains as root")
+
+
+HUB_TOKEN = "hf_" + "Ct7" * 11  # the form of a real token; the gate in front of the loopback Hub wants it
+HUB_OVERRIDES = ("model=bert_base model.name_or_path=maxout-test/tiny-bert train.max_steps=2 train.epochs=1 "
+                 "train.log_every=1 data.max_length=64")
+
+
+def weight_downloads(gate_log: Path) -> int:
+    """GETs of a weights file that the Hub answered with its content (nginx's access log of the gate)."""
+    lines = gate_log.read_text().splitlines() if gate_log.is_file() else []
+    return sum(1 for line in lines if '"GET ' in line and ".safetensors" in line and '" 200 ' in line)
+
+
+def test_a_hub_model_downloads_inside_the_container_once_with_the_token_passed_by_name(engine, project, tmp_path):
+    """Issue 27 (3): a model by name downloads inside the container from a loopback Hub (olah, behind an nginx gate
+    that wants HF_TOKEN, as a gated repo does) into the named cache volume; the second run downloads nothing.
+    HF_ENDPOINT and HF_TOKEN reach the job by name: the token is on no command line, in no param or tag."""
+    root = tmp_path / "hub"
+    commit = hub_server.make_model_repo(root, "maxout-test/tiny-bert")["main"]
+    engine.docker("volume", "rm", "-f", "maxout-hf-cache")  # an empty cache: the first run must download
+    store = f"sqlite:///{project / 'mlflow.db'}"
+    args = ["-P", "hardware=cpu", "-P", f"overrides={HUB_OVERRIDES}", "-A", "network=host"]  # the Hub on loopback
+    with hub_server.hub_server(root) as olah, hub_server.gated(olah, HUB_TOKEN, root) as gate:
+        gate_log = root / f"nginx-{gate.rsplit(':', 1)[1]}" / "access.log"
+        env = {"HF_ENDPOINT": gate, "HF_TOKEN": HUB_TOKEN}
+        first = docker_engine.mlflow_run(engine, project, args, env=env)
+        assert first.returncode == 0, first.stderr[-4000:]
+        downloaded = weight_downloads(gate_log)
+        assert downloaded >= 1
+        second = docker_engine.mlflow_run(engine, project, args, env=env)
+        assert second.returncode == 0, second.stderr[-4000:]
+        assert weight_downloads(gate_log) == downloaded  # served from the volume
+    runs = mlflow.MlflowClient(store).search_runs(["0"])
+    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
+    for result, finished in zip((first, second), runs):
+        assert HUB_TOKEN not in result.stdout + result.stderr  # mlflow run prints the docker command
+        assert "-e HF_TOKEN -e HF_ENDPOINT" in result.stderr  # by name: docker copies the values
+        assert HUB_TOKEN not in str(finished.data.params) + str(finished.data.tags)
+        assert finished.data.params["derived.model_commit"] == commit  # the weights the run downloaded

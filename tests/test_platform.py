@@ -180,6 +180,7 @@ PARAMETER_VALUES = {"hardware": "cpu", "nproc_per_node": "1",
                     "overrides": "model=tiny train.max_steps=2 train.epochs=1 train.log_every=1"}
 # The README's `mlflow run` flags: GPUs in, the tracking server on the host, the login passed by name only.
 DOCKER_ARGS = ["gpus=all", "network=host", "env-file=docker/run.env"]
+HF_TOKEN = "hf_platformTestTokenByName"  # set in the shell of `mlflow run`: MLproject passes it by name
 
 
 def image_environment() -> dict[str, str]:
@@ -190,6 +191,14 @@ def image_environment() -> dict[str, str]:
     envs = DockerfileParser(str(ROOT / "docker" / "Dockerfile"), env_replace=True,
                             parent_env={"PATH": base_path}).envs
     return {k: v.replace("/opt/venv", sys.prefix) for k, v in envs.items()}
+
+
+def bash_words(command: list[str], host_env: dict) -> list[str]:
+    """The words bash makes of MLflow's command (it joins the parts with spaces and runs `bash -c`): ${PWD}
+    expanded, and MLproject's environment values split where they hold more than one word."""
+    out = subprocess.run(["bash", "-c", "printf '%s\\0' " + " ".join(command)], cwd=ROOT, env=host_env,
+                         capture_output=True, text=True, check=True).stdout
+    return out.split("\0")[:-1]
 
 
 def container_environment(docker_command: list[str], host_env: dict) -> dict[str, str]:
@@ -224,7 +233,8 @@ def mlproject_runs(stack, tmp_path_factory):
     from mlflow.projects.utils import _create_run, get_entry_point_command
 
     project = load_project(str(ROOT))
-    host_env = {**stack.client_env("trainer"), "AWS_DEFAULT_REGION": "us-east-1"}
+    host_env = {**stack.client_env("trainer"), "AWS_DEFAULT_REGION": "us-east-1", "HF_TOKEN": HF_TOKEN}
+    host_env.pop("HF_ENDPOINT", None)  # unset in this shell (conftest sets one): docker must then pass none
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(host_env)  # the shell `mlflow run` is typed in
@@ -242,11 +252,12 @@ def mlproject_runs(stack, tmp_path_factory):
             run = _create_run(str(ROOT), experiment_id, str(ROOT), None, name, params)
             storage = tmp_path_factory.mktemp(f"mlproject-{name}")
             (command,) = get_entry_point_command(project, name, params, str(storage))
-            docker = _get_docker_command(SimpleNamespace(tags=[project.docker_env["image"]]), run,
-                                         docker_args=_user_args_to_dict(DOCKER_ARGS, argument_type="A"),
-                                         volumes=project.docker_env.get("volumes"),
-                                         user_env_vars=project.docker_env.get("environment"))
-            logged = " ".join([*docker, command])  # what `mlflow run` prints ("=== Running command ...")
+            parts = _get_docker_command(SimpleNamespace(tags=[project.docker_env["image"]]), run,
+                                        docker_args=_user_args_to_dict(DOCKER_ARGS, argument_type="A"),
+                                        volumes=project.docker_env.get("volumes"),
+                                        user_env_vars=project.docker_env.get("environment"))
+            logged = " ".join([*parts, command])  # what `mlflow run` prints ("=== Running command ...")
+            docker = bash_words(parts, host_env)  # what docker gets
             stack.transcripts.append((f"mlflow run -e {name}: command line", logged))
             # The image's home and state volume are folders of this test's own.
             home, state = tmp_path_factory.mktemp(f"home-{name}"), tmp_path_factory.mktemp(f"state-{name}")
@@ -256,8 +267,8 @@ def mlproject_runs(stack, tmp_path_factory):
             proc = subprocess.run(["bash", "-c", f"exec {command}"], cwd=ROOT, env=env, capture_output=True,
                                   text=True, timeout=900)
             stack.transcripts.append((f"mlflow run -e {name}: output", proc.stdout + proc.stderr))
-            results[name] = SimpleNamespace(run_id=run.info.run_id, command=command, docker=docker, env=env,
-                                            proc=proc, params=params)
+            results[name] = SimpleNamespace(run_id=run.info.run_id, command=command, docker=docker, logged=logged,
+                                            env=env, proc=proc, params=params)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -276,16 +287,20 @@ def test_every_mlproject_entry_point_runs_as_the_container_would_run_it(mlprojec
         assert result.proc.returncode == 0, (name, result.proc.stderr[-3000:])
         docker = " ".join(result.docker)
         assert docker.startswith("docker run --rm --gpus all --network host --env-file docker/run.env ")
-        # Only MLproject's two volumes: no store is mounted (a server), the state volume and the project folder.
+        # Only MLproject's volumes: no store is mounted (a server), the state volume, the Hugging Face cache, and
+        # the project folder at its own path.
         mounts = [v for flag, v in zip(result.docker, result.docker[1:]) if flag == "-v"]
-        assert mounts == ["maxout-state:/var/lib/maxout", "${PWD}:${PWD}"] and result.docker[-1] == "maxout:latest"
-        # What the container gets: the run and the server from MLflow, no S3 key (proxied), and the login and the
-        # region by name only (docker/run.env), never on the command line.
+        assert mounts == ["maxout-state:/var/lib/maxout", "maxout-hf-cache:/var/cache/huggingface", f"{ROOT}:{ROOT}"]
+        assert result.docker[-1] == "maxout:latest"
+        # What the container gets: the run and the server from MLflow, no S3 key (proxied), the login and the
+        # region by name only (docker/run.env), HF_TOKEN by name (MLproject) and HF_ENDPOINT not at all (unset
+        # here): no value on the command line.
         assert result.env["MLFLOW_RUN_ID"] == result.run_id and result.env["MLFLOW_TRACKING_URI"] == stack.uri
-        assert result.env["AWS_DEFAULT_REGION"] == "us-east-1" and result.env["HF_HUB_OFFLINE"] == "1"
+        assert result.env["AWS_DEFAULT_REGION"] == "us-east-1" and result.env["MAXOUT_HOST_DIR"] == str(ROOT)
         assert result.env["MLFLOW_TRACKING_USERNAME"] == "trainer"
         assert result.env["MLFLOW_TRACKING_PASSWORD"] == stack.users["trainer"]
-        assert stack.users["trainer"] not in docker
+        assert result.env["HF_TOKEN"] == HF_TOKEN and "HF_ENDPOINT" not in result.env
+        assert stack.users["trainer"] not in docker and HF_TOKEN not in docker + result.logged
         assert not [k for k in result.env if k.startswith(("AWS_ACCESS", "AWS_SECRET")) or k == "MLFLOW_S3_ENDPOINT_URL"]
         # The run MLflow created is the one maxout logged to: MLflow's parameters and maxout's side by side.
         run = db.run(result.run_id)

@@ -71,7 +71,7 @@ def test_inside_mlflow_runs_container_each_problem_names_the_argument(tmp_path, 
     database.write_bytes(b"")
     monkeypatch.setattr(preflight.os, "access", lambda path, mode: Path(path) != database)
     (problem,) = preflight.store_problems(TrackingConfig(uri=f"sqlite:///{database}", spool_dir=str(tmp_path)))
-    assert "add -A user=root to mlflow run" in str(problem) and "\n" not in str(problem)
+    assert "trains as the store's owner: leave out -A user=" in str(problem) and "\n" not in str(problem)
 
     with pytest.raises(MaxoutError, match="pass -A network=host to mlflow run"):
         store.check_reachable("http://127.0.0.1:9", timeout_s=2)
@@ -80,8 +80,32 @@ def test_inside_mlflow_runs_container_each_problem_names_the_argument(tmp_path, 
     assert "network=host" not in str(remote.value)
 
     monkeypatch.setattr(preflight.os, "access", lambda path, mode: False)
-    with pytest.raises(ConfigError, match="start it in the folder that holds mlflow.db and mlruns/, with -A user=root"):
+    with pytest.raises(ConfigError, match="start it in the folder that holds mlflow.db and mlruns/$"):
         preflight.check_artifact_store(f"sqlite:///{database}", str(tmp_path / "mlruns" / "0"))
+
+
+def test_inside_mlflow_runs_container_the_store_is_named_as_the_host_sees_it(tmp_path, monkeypatch,
+                                                                          in_mlflow_run_container):
+    """MLproject passes the folder mlflow run starts in (MAXOUT_HOST_DIR, mounted at the same path); its mlflow.db
+    is named only when it is the very file mounted as the store (a hard link stands in for the bind mount)."""
+    host = tmp_path / "project"
+    host.mkdir()
+    (host / "mlflow.db").write_bytes(b"")
+    mounted = tmp_path / "mlflow-tmp" / "mlruns"
+    mounted.parent.mkdir()
+    os.link(host / "mlflow.db", mounted)
+    monkeypatch.setattr(container, "MOUNTED_STORE", str(mounted))
+    uri = f"sqlite:///{mounted}"
+    monkeypatch.setenv("MAXOUT_HOST_DIR", str(host))
+    assert container.host_store_uri(uri) == f"sqlite:///{host}/mlflow.db"
+    assert container.host_store_uri(f"sqlite:///{host}/mlflow.db") is None  # not the container's mount
+    monkeypatch.delenv("MLFLOW_RUN_ID")  # MLflow drops it when the run ends, before the last line is printed
+    assert container.host_store_uri(uri) == f"sqlite:///{host}/mlflow.db"
+    (host / "mlflow.db").unlink()
+    (host / "mlflow.db").write_bytes(b"")  # another file of that name: the store lies elsewhere on the host
+    assert container.host_store_uri(uri) is None
+    monkeypatch.delenv("MAXOUT_HOST_DIR")
+    assert container.host_store_uri(uri) is None
 
 
 def test_outside_a_container_the_hints_stay_out(monkeypatch):

@@ -292,9 +292,13 @@ def _where_to_browse(cfg: Any, run_id: str) -> str:
     page = _ui_url(uri, None, run_id)
     if is_http(uri):
         return f"browse it at {page}"
-    # Inside mlflow run's container the URI is the container's mount of your store: no use on the host.
-    here = "" if container.inside_mlflow_run() else f", then {page} (tracking URI: {uri})"
-    return "browse it with `make ui`" + here
+    if container.is_mounted_store(uri):
+        # The URI here is mlflow run's mount of your store in its container: name the file as the host sees it.
+        host = container.host_store_uri(uri)
+        if host is None:
+            return f"browse it in the MLflow UI on the store that MLFLOW_TRACKING_URI names on your host ({page})"
+        uri = host
+    return f"browse it with `make ui`, then {page} (tracking URI: {uri})"
 
 
 def _ui_url(uri: str, experiment_id: Optional[str], run_id: Optional[str] = None,
