@@ -81,6 +81,9 @@ CASES = {
                                       ["2 problems: ", "unknown config key 'train.learning_rate'",
                                        "valid keys under 'train': epochs, max_steps, lr", "train.epochs=0"]),
     "override_without_value": Case(["train.lr"], 2, ["train.lr", "overrides look like key=value"]),
+    "key_inside_an_unselected_section": Case(["hpo.study_name=all"], 2,  # found by test_fuzz_config.py
+                                             ["hpo.study_name: the hpo section is null unless one of its options is "
+                                              "selected; add hpo=NAME before it (valid hpo options: default)"]),
     "resume_typo": Case(["resume=latest"], 2, ["resume='latest' is invalid: use resume=auto or an MLflow run id"]),
     "keep_no_checkpoints": Case(["checkpoint.keep_last=0"], 2, ["checkpoint.keep_last=0 must be >= 1"]),
     "negative_upload_retry": Case(["tracking.upload_retry_s=-1"], 2, ["tracking.upload_retry_s=-1.0 must be >= 0"]),

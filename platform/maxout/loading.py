@@ -117,6 +117,14 @@ def compose(overrides: Sequence[str] = ()) -> Any:
             raise ConfigError(f"unknown {group} {name!r} (valid {group} options: "
                               f"{', '.join(group_options(group))})") from None
         raise ConfigError(str(err).splitlines()[0]) from None
+    except AssertionError:  # OmegaConf asserts, not raises, when an override sets a key inside a null section
+        culprit = _inside_null_section(overrides)
+        if culprit is None:
+            raise
+        key, section = culprit
+        raise ConfigError(f"{key}: the {section} section is null unless one of its options is selected; add "
+                          f"{section}=NAME before it (valid {section} options: "
+                          f"{', '.join(group_options(section))})") from None
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).splitlines()[0]
         key = re.search(r"Could not override '([^']+)'", first)
@@ -130,6 +138,16 @@ def compose(overrides: Sequence[str] = ()) -> Any:
             raise ConfigError(f"invalid value for {merging.group(1)} in override {merging.group(0)[23:]}: "
                               f"{cause}") from None
         raise ConfigError(f"bad override ({first}); overrides look like key=value, e.g. train.lr=3e-5") from None
+
+
+def _inside_null_section(overrides: Sequence[str]) -> Optional[tuple[str, str]]:
+    """(key, section) of the first override that sets a key inside a section the schema leaves null (``hpo``,
+    unless an ``hpo=...`` choice selects it): ``hpo.study_name=x`` on ``maxout train``."""
+    typed = typing.get_type_hints(Config)
+    null = {f.name for f in fields(Config) if f.default is None and _dataclass_in(typed[f.name])}
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+    chosen = {k for k in keys if "." not in k}
+    return next(((k, k.split(".")[0]) for k in keys if "." in k and k.split(".")[0] in null - chosen), None)
 
 
 def _register_schema() -> None:
