@@ -87,6 +87,15 @@ def test_labels_match_across_formats_as_strings(tmp_path):
     assert ds.train.labels == [1, 0, 1, 0]
 
 
+def test_csv_texts_stay_text(tmp_path):
+    """Found by test_fuzz_data.py: a CSV post "007" was read as the number 7 and trained as "7"."""
+    path = tmp_path / "t.csv"
+    path.write_text("post,criterion,label\n007,1.50,0\nTrue,x,1\n")
+    ds = data.load(cfg(path, validation_split=0.5))
+    assert sorted(ds.train.texts + ds.validation.texts) == ["007", "True"]
+    assert sorted(ds.train.pairs + ds.validation.pairs) == ["1.50", "x"]
+
+
 def test_collator_pads_dynamically_and_counts_tokens_on_the_host():
     collate = data.Collator(pad_id=0)
     rows = [{"input_ids": [5, 6, 7], "labels": 1}, {"input_ids": [5], "labels": 0}]

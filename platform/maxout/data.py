@@ -15,7 +15,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -40,10 +40,11 @@ def existing_file(path: str) -> Path:
     return file
 
 
-def read_table(path: str, fmt: str = "auto", text: bool = False) -> pd.DataFrame:
+def read_table(path: str, fmt: str = "auto", text: bool = False, text_columns: Sequence[str] = ()) -> pd.DataFrame:
     """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly. ``text``: every CSV cell stays a
-    string (prediction input: a CSV has no types, so "42" is text, not a number). A column name that appears twice
-    is an error, never a silent rename."""
+    string (prediction input: a CSV has no types, so "42" is text, not a number); ``text_columns``: these CSV columns
+    stay strings (training texts: "007" is not the number 7). A column name that appears twice is an error, never a
+    silent rename."""
     file = existing_file(path)
     kind = READERS.get(file.suffix.lower()) if fmt == "auto" else fmt
     if kind is None:
@@ -53,7 +54,7 @@ def read_table(path: str, fmt: str = "auto", text: bool = False) -> pd.DataFrame
         _no_duplicate_columns(file, kind, path)
         if kind == "csv":
             return pd.read_csv(file, encoding="utf-8", encoding_errors="strict", sep=_separator(file),
-                               keep_default_na=False, dtype=str if text else None)
+                               keep_default_na=False, dtype=str if text else dict.fromkeys(text_columns, str))
         if kind == "jsonl":
             return pd.read_json(file, lines=True, encoding="utf-8", encoding_errors="strict", dtype=False)
         return pd.read_parquet(file)
@@ -129,6 +130,11 @@ class Dataset:
         return len(self.label_names)
 
 
+def text_columns(cfg: DataConfig) -> list[str]:
+    """The columns that hold text: the text column and, for pair tasks, the pair column."""
+    return [cfg.text_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
+
+
 def _columns(df: pd.DataFrame, cfg: DataConfig, path: str) -> None:
     wanted = [("data.text_column", cfg.text_column), ("data.label_column", cfg.label_column)]
     if cfg.text_pair_column:
@@ -189,7 +195,7 @@ def _fingerprint(paths: list[str], cfg: DataConfig) -> str:
 
 def load(cfg: DataConfig) -> Dataset:
     """Read and validate both splits. Every check here runs before any model is loaded."""
-    train_df = read_table(cfg.train_path, cfg.format)
+    train_df = read_table(cfg.train_path, cfg.format, text_columns=text_columns(cfg))
     if train_df.empty:
         raise DataError(f"data file {cfg.train_path} has no rows: the training set must not be empty")
     _columns(train_df, cfg, cfg.train_path)
@@ -206,7 +212,7 @@ def load(cfg: DataConfig) -> Dataset:
     train = _table(train_df, cfg, label_ids, cfg.train_path)
     paths = [cfg.train_path]
     if cfg.validation_path:
-        val_df = read_table(cfg.validation_path, cfg.format)
+        val_df = read_table(cfg.validation_path, cfg.format, text_columns=text_columns(cfg))
         if val_df.empty:
             raise DataError(f"data file {cfg.validation_path} has no rows: the validation set must not be empty")
         _columns(val_df, cfg, cfg.validation_path)
@@ -225,7 +231,7 @@ def load(cfg: DataConfig) -> Dataset:
 
 def _test_table(cfg: DataConfig, label_ids: dict[str, int], dropped_rows: dict) -> Table:
     """The test split: the model only predicts the training label set, so any other label is an error."""
-    df = read_table(cfg.test_path, cfg.format)
+    df = read_table(cfg.test_path, cfg.format, text_columns=text_columns(cfg))
     if df.empty:
         raise DataError(f"data file {cfg.test_path} has no rows: the test set must not be empty (or unset "
                         f"data.test_path)")
