@@ -9,6 +9,7 @@ logging picked by predict or the registry."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from dataclasses import dataclass, field
@@ -167,6 +168,13 @@ CASES = {
     "empty_text_in_validation_file": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,1\n"),
                                            lambda tmp: f"data.validation_path={write(tmp, 'v.jsonl', V_NULL_TEXT)}"],
                                           1, ["v.jsonl has 1 of 2 rows with an empty cell ('post': 1; row 2)"]),
+    # found by test_fuzz_data.py: a number or mapping where text is expected was trained as its str() ("1",
+    # "{'a': 1}"), though prediction refuses it
+    "non_text_cells_in_jsonl": Case([*PAIR_DATA, train_file("t.jsonl", "".join(
+        f'{{"post": {json.dumps(p)}, "criterion": "c", "label": {i % 2}}}\n'
+        for i, p in enumerate(["a", 42, "b", {"a": 1}, "c", ""])))], 1,
+                                    ["t.jsonl has 3 of 6 rows with an empty or non-text cell ('post': 1 empty and 2 "
+                                     "not text; rows 2, 4 and 6); fill them in as text, or set data.on_missing=drop"]),
     "data_path_is_a_directory": Case([*PAIR_DATA, lambda tmp: f"data.train_path={tmp}"], 1,
                                      ["is a directory (resolved to", "not a file; point data.train_path"]),
     "validation_path_is_a_directory": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,1\n"),

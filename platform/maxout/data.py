@@ -145,24 +145,38 @@ def _columns(df: pd.DataFrame, cfg: DataConfig, path: str) -> None:
 
 
 def _without_empty_cells(df: pd.DataFrame, cfg: DataConfig, path: str) -> tuple[pd.DataFrame, int]:
-    """The rows whose text, pair or label cell is empty (null, NaN, blank) are refused with one line naming the
-    file, the columns, how many and which rows; with ``data.on_missing=drop`` they are left out and counted. (An
-    empty label would otherwise become a class of its own, and an empty text the string 'nan' or 'None'.)"""
-    columns = [cfg.text_column] + ([cfg.text_pair_column] if cfg.text_pair_column else []) + [cfg.label_column]
-    empty = {c: cells.positions(df[c]) for c in dict.fromkeys(columns)}
-    bad = sorted(set().union(*empty.values()))
+    """The rows whose text, pair or label cell is empty (null, NaN, blank), whose text or pair cell is not a string
+    (a number, list or mapping from JSON or Parquet: prediction refuses those too, cells.py) or whose label is not a
+    single value (a list or mapping) are refused with one line naming the file, the columns, how many and which
+    rows; with ``data.on_missing=drop`` they are left out and counted. (An empty label would otherwise become a
+    class of its own, an empty text the string 'nan' or 'None', and a mapping its Python repr.)"""
+    texts = text_columns(cfg)
+    empty, other = {}, {}
+    for c in dict.fromkeys(texts + [cfg.label_column]):
+        empty[c] = cells.positions(df[c])
+        other[c] = cells.positions(df[c], cells.not_text if c in texts else _not_a_label)
+    bad = sorted(set().union(*empty.values(), *other.values()))
     if not bad:
         return df, 0
     if cfg.on_missing != "drop":
-        which = ", ".join(f"{c!r}: {len(rows)}" for c, rows in empty.items() if rows)
-        raise DataError(f"data file {path} has {len(bad)} of {len(df)} rows with an empty cell ({which}; "
-                        f"{cells.rows(bad)}); fill them in, or set data.on_missing=drop to train without those rows "
-                        f"(the run logs how many it dropped)")
+        typed = any(other.values())
+        which = ", ".join(f"{c!r}: " + (f"{len(empty[c])}" if not typed else " and ".join(
+            f"{n} {what}" for n, what in ((len(empty[c]), "empty"), (len(other[c]), "not text" if c in texts
+                                                                      else "not a single value")) if n))
+            for c in empty if empty[c] or other[c])
+        raise DataError(f"data file {path} has {len(bad)} of {len(df)} rows with an empty{' or non-text' * typed} "
+                        f"cell ({which}; {cells.rows(bad)}); fill them in{' as text' * typed}, or set "
+                        f"data.on_missing=drop to train without those rows (the run logs how many it dropped)")
     kept = df.drop(index=df.index[bad])
     if kept.empty:
-        raise DataError(f"data file {path} has no row left after data.on_missing=drop: every row has an empty "
-                        f"{' / '.join(repr(c) for c in empty)} cell")
+        raise DataError(f"data file {path} has no row left after data.on_missing=drop: every row has an empty or "
+                        f"non-text {' / '.join(repr(c) for c in empty)} cell")
     return kept, len(bad)
+
+
+def _not_a_label(value: Any) -> bool:
+    """A label cell holding a list or mapping (JSON, Parquet): no class name."""
+    return not cells.missing(value) and not pd.api.types.is_scalar(value)
 
 
 def _table(df: pd.DataFrame, cfg: DataConfig, label_ids: dict[str, int], path: str) -> Table:
