@@ -147,7 +147,8 @@ CASES = {
     "unknown_extension": Case([*PAIR_DATA, train_file("train.txt", "post,criterion,label\na,b,0\n")], 1,
                               ["cannot tell the format of", "train.txt", "set data.format to one of csv, jsonl"]),
     "single_label": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,0\ne,f,0\n")], 1,
-                         ["data has a single label ['0']", "check data.label_column='label'"]),
+                         ["data has a single label ['0'] (", "t.csv): classification needs at least 2",
+                          "check data.label_column='label'"]),  # the file: found by test_fuzz_data.py
     "malformed_jsonl": Case([*PAIR_DATA, train_file("t.jsonl", '{"post": "a", "criterion": "b", "label": 0}\n{oops\n')],
                             1, ["cannot read", "t.jsonl as jsonl"]),
     "test_labels_outside_the_training_set": Case(

@@ -220,7 +220,8 @@ def load(cfg: DataConfig) -> Dataset:
     else:
         label_names = sorted({_label_key(x) for x in train_df[cfg.label_column]})
     if len(label_names) < 2:
-        raise DataError(f"data has a single label {label_names}: classification needs at least 2 "
+        where = "data.labels" if cfg.labels is not None else cfg.train_path
+        raise DataError(f"data has a single label {label_names} ({where}): classification needs at least 2 "
                         f"(check data.label_column={cfg.label_column!r})")
     label_ids = {name: i for i, name in enumerate(label_names)}
     train = _table(train_df, cfg, label_ids, cfg.train_path)
