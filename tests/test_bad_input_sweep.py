@@ -85,6 +85,9 @@ CASES = {
     "key_inside_an_unselected_section": Case(["hpo.study_name=all"], 2,  # found by test_fuzz_config.py
                                              ["hpo.study_name: the hpo section is null unless one of its options is "
                                               "selected; add hpo=NAME before it (valid hpo options: default)"]),
+    "interpolation_to_nowhere": Case(["hardware.name=${nope}"], 2,  # found by test_fuzz_config.py
+                                     ["hardware.name: Interpolation key 'nope' not found; fix the ${...} "
+                                      "interpolation or quote the value"]),
     "resume_typo": Case(["resume=latest"], 2, ["resume='latest' is invalid: use resume=auto or an MLflow run id"]),
     "keep_no_checkpoints": Case(["checkpoint.keep_last=0"], 2, ["checkpoint.keep_last=0 must be >= 1"]),
     "negative_upload_retry": Case(["tracking.upload_retry_s=-1"], 2, ["tracking.upload_retry_s=-1.0 must be >= 0"]),
