@@ -139,6 +139,7 @@ def check_refusal(line: str, fuzzed: list[str]) -> None:
 @example(fuzzed=["train.lr=1e-3"])  # an accepted config: the property's other half is exercised every run
 @example(fuzzed=["hpo.study_name=all"])  # was OmegaConf's AssertionError: a key inside the null hpo section
 @example(fuzzed=["hardware.name=${nope}"])  # was InterpolationKeyError, raised where the probe read the name
+@example(fuzzed=["hardware.requires_cuda=true"])  # the refusal named the profile, not the key that was set
 def test_any_override_is_accepted_or_refused_in_one_line_naming_the_key(fuzzed, tmp_path):
     code, out, err = run_cli(["train", *argv(fuzzed, str(tmp_path)), "--cfg"])
     if code != 0:
