@@ -131,8 +131,8 @@ def compose(overrides: Sequence[str] = ()) -> Any:
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).splitlines()[0]
         if isinstance(err, InterpolationResolutionError):  # OmegaConf.resolve's error names no key: find it
-            raise ConfigError(f"{raw is not None and _unresolvable(raw) or 'an override'}: {first}; fix the ${{...}} interpolation or "
-                              f"quote the value") from None
+            key = raw is not None and _unresolvable(raw) or "an override"
+            raise ConfigError(f"{key}: {first}; fix the ${{...}} interpolation or quote the value") from None
         key = re.search(r"Could not override '([^']+)'", first)
         if key:
             raise ConfigError(f"unknown config key {key.group(1)!r} in the overrides; "
