@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -30,7 +31,7 @@ from maxout import data, loading
 from maxout.config import DataConfig
 from maxout.errors import MaxoutError
 
-from .fuzzing import fuzz_settings
+from .fuzzing import fuzz_settings, out_of_time
 
 TRAIN_EVERY = 8  # loaded training files that also train two steps, by a hash of the drawn table
 
@@ -59,7 +60,9 @@ def tables(draw) -> Table:
         if style == "str" else [False, True]
     rows = classes + draw(st.integers(0, 4)) if classes == 1000 else draw(st.integers(0, 12))
     pool = draw(st.lists(TEXT, min_size=1, max_size=6))
-    texts = [pool[i % len(pool)] if i < len(pool) else f"{pool[i % len(pool)]} {i}" for i in range(rows)]
+    # the pool's cells once each (a very long cell among them), then short distinct texts: 1,000 very long rows
+    # would cost gigabytes in Hypothesis' own bookkeeping and prove nothing more
+    texts = [pool[i] if i < len(pool) else f"{pool[i % len(pool)][:40]} {i}" for i in range(rows)]
     if draw(st.booleans()) and rows:  # a cell of another type where text is expected
         texts[draw(st.integers(0, rows - 1))] = draw(st.sampled_from([42, 1.5, True, None, {"nested": {"a": 1}},
                                                                      ["a", "b"], ""]))
@@ -78,7 +81,8 @@ class Written:
     def expected(self, table: Table) -> Counter:
         """(text, label key) of each row as the file holds it: a CSV holds text only; JSONL and Parquet keep types."""
         texts = [_csv_value(t) for t in table.texts] if self.kind in ("csv", "tsv") else table.texts
-        labels = [float(x) for x in table.labels] if self.shape == "label_as_float" else table.labels
+        labels = [float(x) if not isinstance(x, str) else math.nan for x in table.labels] \
+            if self.shape == "label_as_float" else table.labels
         return Counter((t, _label_key(lab)) for t, lab in zip(texts, labels))
 
 
@@ -114,8 +118,9 @@ def written(draw, table: Table, folder: Path, stem: str) -> Written:
         content, out = buffer.getvalue(), Written(path, kind, encoding, header, ragged)
     try:
         path.write_bytes(content.encode(encoding))
-    except UnicodeEncodeError:  # latin-1 cannot hold this text: write what a latin-1 editor would (?)
-        path.write_bytes(content.encode(encoding, errors="replace"))
+    except UnicodeEncodeError:  # latin-1 cannot hold this text: the file is UTF-8 after all
+        path.write_bytes(content.encode("utf-8"))
+        out.encoding = "utf-8"
     return out
 
 
@@ -169,6 +174,8 @@ def clean_train(table: Table, folder: Path) -> Path:
        on_missing=st.sampled_from(["error", "drop"]))
 @fuzz_settings(ci=40)
 def test_any_input_file_loads_every_row_or_is_refused_naming_it(draw, table, role, on_missing, tmp_path_factory):
+    if out_of_time():
+        return
     folder = tmp_path_factory.mktemp("files")
     file = draw.draw(written(table, folder, role))
     paths = {"train_path": str(file.path)} if role == "train" else \
@@ -201,6 +208,8 @@ def test_any_prediction_file_is_predicted_or_refused_naming_the_rows(predictor, 
     from maxout.registry.predict import read_input
     from maxout.serving.inference import InputError, MissingText
 
+    if out_of_time():
+        return
     file = draw.draw(written(table, tmp_path_factory.mktemp("predict"), "input"))
     try:
         frame = read_input(str(file.path))
@@ -233,3 +242,15 @@ def predictor():
     config = modeling.build_config(cfg, ["0", "1"], len(tokenizer), tokenizer.pad_token_id)
     model = AutoModelForSequenceClassification.from_config(config)
     return Predictor(model, tokenizer, ModelMeta("text", None, ["0", "1"], 64), device="cpu")
+
+
+def test_a_thousand_classes_draw_a_confusion_matrix_of_bounded_size(tmp_path):
+    """Found by the fuzzer: a 1,000-class training file hung at the run's end (a million count labels on a 450-inch
+    heat map, gigabytes until the OOM killer)."""
+    from PIL import Image
+
+    from maxout.train import reports
+
+    k = 1000
+    reports.confusion_png(np.eye(k, dtype=int).tolist(), [f"c{i}" for i in range(k)], "eval", tmp_path / "cm.png")
+    assert max(Image.open(tmp_path / "cm.png").size) < 2500
