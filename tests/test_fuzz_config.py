@@ -140,6 +140,8 @@ def check_refusal(line: str, fuzzed: list[str]) -> None:
 @example(fuzzed=["hpo.study_name=all"])  # was OmegaConf's AssertionError: a key inside the null hpo section
 @example(fuzzed=["hardware.name=${nope}"])  # was InterpolationKeyError, raised where the probe read the name
 @example(fuzzed=["hardware.requires_cuda=true"])  # the refusal named the profile, not the key that was set
+@example(fuzzed=["train.batch_size=all"])  # int('all'): the pre-run checks read the batch size of an invalid config
+@example(fuzzed=["train.batch_size=inf"])  # ... and int(inf)
 def test_any_override_is_accepted_or_refused_in_one_line_naming_the_key(fuzzed, tmp_path):
     if out_of_time():
         return
