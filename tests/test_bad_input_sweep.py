@@ -179,6 +179,9 @@ CASES = {
         for i, p in enumerate(["a", 42, "b", {"a": 1}, "c", ""])))], 1,
                                     ["t.jsonl has 3 of 6 rows with an empty or non-text cell ('post': 1 empty and 2 "
                                      "not text; rows 2, 4 and 6); fill them in as text, or set data.on_missing=drop"]),
+    # found by make fuzz: pandas took a first row with a cell too many for an index column, shifting every column
+    "ragged_row_in_csv": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0,extra\nc,d,1\n")], 1,
+                              ["t.csv row 1 has 4 cells but the header has 3 (post, criterion, label)"]),
     "data_path_is_a_directory": Case([*PAIR_DATA, lambda tmp: f"data.train_path={tmp}"], 1,
                                      ["is a directory (resolved to", "not a file; point data.train_path"]),
     "validation_path_is_a_directory": Case([*PAIR_DATA, train_file("t.csv", "post,criterion,label\na,b,0\nc,d,1\n"),

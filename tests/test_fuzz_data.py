@@ -80,7 +80,8 @@ class Written:
 
     def expected(self, table: Table) -> Counter:
         """(text, label key) of each row as the file holds it: a CSV holds text only; JSONL and Parquet keep types."""
-        texts = [_csv_value(t) for t in table.texts] if self.kind in ("csv", "tsv") else table.texts
+        as_text = self.kind in ("csv", "tsv") or self.shape in ("typed", "label_as_float") and self.kind == "parquet"
+        texts = [_csv_value(t) for t in table.texts] if as_text else table.texts  # JSONL keeps each value's type
         labels = [float(x) if not isinstance(x, str) else math.nan for x in table.labels] \
             if self.shape == "label_as_float" else table.labels
         return Counter((t, _label_key(lab)) for t, lab in zip(texts, labels))

@@ -25,6 +25,8 @@ from .config import DataConfig
 from .errors import DataError
 from .paths import resolve_path
 
+# Very long cells are text too: the csv module's default field limit (128 KiB) would refuse them.
+csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
 READERS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet",
            ".pq": "parquet"}
 
@@ -77,7 +79,10 @@ def _no_duplicate_columns(file: Path, kind: str, path: str) -> None:
     one of the two columns would be used without a word. Read the names as written and refuse repeats."""
     if kind == "csv":
         with open(file, newline="", encoding="utf-8-sig") as f:
-            _unique(next(csv.reader(f, delimiter=_separator(file)), []), path)
+            rows = csv.reader(f, delimiter=_separator(file))
+            header = next(rows, [])
+            _unique(header, path)
+            _not_ragged(rows, header, path)
     elif kind == "jsonl":
         with open(file, encoding="utf-8") as f:
             for line in f:
@@ -89,6 +94,19 @@ def _no_duplicate_columns(file: Path, kind: str, path: str) -> None:
         import pyarrow.parquet as pq  # lazy: pandas' Parquet engine, loaded by read_parquet anyway
 
         _unique(pq.read_schema(file).names, path)
+
+
+def _not_ragged(rows: Any, header: list, path: str) -> None:
+    """Every CSV row has as many cells as the header. pandas takes a first row with one cell more for an index
+    column (every column then shifts by one: the text column reads the labels) and fills a short row with NaN."""
+    try:
+        for number, row in enumerate(rows, start=1):
+            if row and len(row) != len(header):  # a blank line is no row (pandas skips it too)
+                raise DataError(f"data file {path} row {number} has {len(row)} cells but the header has "
+                                f"{len(header)} ({', '.join(header)}); quote cells that hold the delimiter, and "
+                                f"give every row one cell per column")
+    except csv.Error as err:
+        raise DataError(f"cannot read {path} as csv: {err}") from None
 
 
 def _unique(names: list, path: str) -> None:
