@@ -43,7 +43,7 @@ def existing_file(path: str) -> Path:
 
 
 def read_table(path: str, fmt: str = "auto", text: bool = False, text_columns: Sequence[str] = ()) -> pd.DataFrame:
-    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly. ``text``: every CSV cell stays a
+    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly (a leading BOM is skipped). ``text``: every CSV cell stays a
     string (prediction input: a CSV has no types, so "42" is text, not a number); ``text_columns``: these CSV columns
     stay strings (training texts: "007" is not the number 7). A column name that appears twice is an error, never a
     silent rename."""
@@ -55,19 +55,32 @@ def read_table(path: str, fmt: str = "auto", text: bool = False, text_columns: S
     try:
         _no_duplicate_columns(file, kind, path)
         if kind == "csv":
-            return pd.read_csv(file, encoding="utf-8", encoding_errors="strict", sep=_separator(file),
+            return pd.read_csv(file, encoding="utf-8-sig", encoding_errors="strict", sep=_separator(file),
                                keep_default_na=False, dtype=str if text else dict.fromkeys(text_columns, str))
         if kind == "jsonl":
-            return pd.read_json(file, lines=True, encoding="utf-8", encoding_errors="strict", dtype=False)
+            return pd.read_json(file, lines=True, encoding="utf-8-sig", encoding_errors="strict", dtype=False)
         return pd.read_parquet(file)
     except UnicodeDecodeError as err:
-        raise DataError(f"data file {path} is not valid UTF-8 (byte {err.object[err.start]:#04x} at offset "
-                        f"{err.start}); re-save it as UTF-8") from None
+        raise DataError(f"data file {path} is not valid UTF-8 ({_first_bad_byte(file, err)}); re-save it as "
+                        f"UTF-8") from None
     except pd.errors.EmptyDataError:
         raise DataError(f"data file {path} is empty: it needs a header row and at least one example") from None
     except (ValueError, pd.errors.ParserError, OSError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"cannot read {path} as {kind}: {first}") from None
+
+
+def _first_bad_byte(file: Path, err: UnicodeDecodeError) -> str:
+    """Where the file stops being UTF-8, from the whole file (pandas decodes in chunks: its offset is the chunk's)."""
+    raw = file.read_bytes()
+    try:
+        raw.decode("utf-8-sig")
+        start, byte = err.start, err.object[err.start]
+    except UnicodeDecodeError as whole:
+        start, byte = whole.start, raw[whole.start]
+    utf16 = "; it looks like UTF-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+    line = raw[:start].count(b"\n") + 1
+    return f"byte {byte:#04x} at offset {start}, line {line}{utf16}"
 
 
 def _separator(file: Path) -> str:
@@ -84,7 +97,7 @@ def _no_duplicate_columns(file: Path, kind: str, path: str) -> None:
             _unique(header, path)
             _not_ragged(rows, header, path)
     elif kind == "jsonl":
-        with open(file, encoding="utf-8") as f:
+        with open(file, encoding="utf-8-sig") as f:
             for line in f:
                 try:  # a second parse of each line: json keeps the last of repeated keys, the hook sees them all
                     json.loads(line, object_pairs_hook=lambda pairs: _unique([k for k, _ in pairs], path) or {})
