@@ -135,7 +135,7 @@ def check_refusal(line: str, fuzzed: list[str]) -> None:
 
 
 @given(fuzzed=overrides())
-@fuzz_settings(ci=60)
+@fuzz_settings(ci=25)
 @example(fuzzed=["train.lr=1e-3"])  # an accepted config: the property's other half is exercised every run
 @example(fuzzed=["hpo.study_name=all"])  # was OmegaConf's AssertionError: a key inside the null hpo section
 @example(fuzzed=["hardware.name=${nope}"])  # was InterpolationKeyError, raised where the probe read the name

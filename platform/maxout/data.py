@@ -214,8 +214,9 @@ def _table(df: pd.DataFrame, cfg: DataConfig, label_ids: dict[str, int], path: s
     labels = df[cfg.label_column].map(_label_key)
     unknown = sorted(set(labels) - set(label_ids))
     if unknown:
-        raise DataError(f"label {unknown[0]!r} in {path} is not in the label set {sorted(label_ids)}; "
-                        f"fix the data or set data.labels")
+        rows = [i for i, label in enumerate(labels) if label not in label_ids]
+        raise DataError(f"label {unknown[0]!r} in {path} is not in the label set {sorted(label_ids)} "
+                        f"({cells.rows(rows)}); fix the data or set data.labels")
     texts = df[cfg.text_column].astype(str).tolist()
     pairs = df[cfg.text_pair_column].astype(str).tolist() if cfg.text_pair_column else None
     return Table(texts, pairs, [label_ids[x] for x in labels])
