@@ -85,7 +85,9 @@ class Written:
         texts = [_csv_value(t) for t in table.texts] if as_text else table.texts  # JSONL keeps each value's type
         labels = [float(x) if not isinstance(x, str) else math.nan for x in table.labels] \
             if self.shape == "label_as_float" else table.labels
-        return Counter((t, _label_key(lab)) for t, lab in zip(texts, labels))
+        # a cell that is not text (JSONL: a number or mapping) is refused or dropped, never read: a key of its own
+        keys = [t if isinstance(t, str) else ("not text", repr(t)) for t in texts]
+        return Counter((t, _label_key(lab)) for t, lab in zip(keys, labels))
 
 
 def _csv_value(value: Any) -> str:
