@@ -32,7 +32,7 @@ GPU_REPLICA ?= /tmp/maxout-gpu-replica
 GPU_REPLICA_PYTHON ?= python3.12
 
 .PHONY: install run test test-fast ui clean lint image image-cpu image-cuda-check image-base-cpu platform-up \
-	platform-down check-hardware benchmark audit gpu-wheels gpu-report gpu-rehearsal
+	platform-down check-hardware benchmark audit gpu-wheels gpu-report gpu-rehearsal fuzz
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,25 @@ test: install
 ## test-fast: everything but the slow end-to-end tests
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+## fuzz: the fuzzers (tests/test_fuzz_config.py, tests/test_fuzz_data.py) for FUZZ_MINUTES, before a release: rounds of
+##   FUZZ_SCALE times make test's examples, each with a fresh random seed (Hypothesis profile `long`), until the time
+##   is spent (past it, the last round's examples return at once). A failure stops it; .hypothesis/ keeps the example
+##   to replay first next time. Statistics per round in $(FUZZ_LOG).   make fuzz FUZZ_MINUTES=20
+FUZZ_MINUTES ?= 20
+FUZZ_SCALE ?= 3
+FUZZ_LOG ?= build/fuzz.log
+fuzz: install
+	@mkdir -p $(dir $(FUZZ_LOG)); : > $(FUZZ_LOG); \
+	end=$$(( $$(date +%s) + $(FUZZ_MINUTES) * 60 )); round=0; \
+	while [ $$(date +%s) -lt $$end ]; do \
+	  round=$$((round + 1)); seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); left=$$(( end - $$(date +%s) )); \
+	  echo "maxout: fuzz round $$round, seed $$seed, $$left s left" | tee -a $(FUZZ_LOG); \
+	  MAXOUT_FUZZ=long FUZZ_SCALE=$(FUZZ_SCALE) FUZZ_DEADLINE=$$end $(BIN)/python -m pytest -q \
+	    tests/test_fuzz_config.py tests/test_fuzz_data.py --hypothesis-seed=$$seed --hypothesis-show-statistics \
+	    >> $(FUZZ_LOG) 2>&1 || { echo "maxout: fuzz: round $$round failed (seed $$seed): $(FUZZ_LOG)"; exit 1; }; \
+	  tail -n 1 $(FUZZ_LOG); \
+	done; echo "maxout: fuzz: $$round rounds in $(FUZZ_MINUTES) min, nothing found" | tee -a $(FUZZ_LOG)
 
 ## ui: the MLflow UI on the embedded store; it prints the address of the maxout experiment's runs table in the
 ##   model-training view (MLflow 3 otherwise opens on its GenAI view, traces, empty for training runs)

@@ -39,7 +39,8 @@ CASES = {
                  1, "is not valid UTF-8"),
     "batch_size_zero": (["train.batch_size=0"], 2, "train.batch_size=0 is invalid: use a positive integer or 'auto'"),
     "batch_size_negative": (["hardware.batch_size=-8"], 2, "hardware.batch_size=-8 is invalid"),
-    "gpu_profile_without_gpu": (["hardware=rtx4090"], 1, "hardware profile 'rtx4090' needs a CUDA GPU but none is visible"),
+    "gpu_profile_without_gpu": (["hardware=rtx4090"], 1,
+                                "hardware profile 'rtx4090' needs a CUDA GPU (hardware.requires_cuda=true) but none"),
     "missing_offline_model": (["model=bert_base", "model.name_or_path=nobody/no-such-model"], 1,
                               "is not available offline"),
 }

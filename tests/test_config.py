@@ -57,7 +57,8 @@ def test_auto_picks_low_mem_then_generic_gpu():
 
 
 def test_gpu_profile_without_gpu_is_an_error_that_says_so(cpu_device):
-    with pytest.raises(HardwareError, match=r"'rtx3090' needs a CUDA GPU but none is visible.*hardware=cpu"):
+    with pytest.raises(HardwareError,
+                       match=r"'rtx3090' needs a CUDA GPU \(hardware.requires_cuda=true\) but none.*hardware=cpu"):
         loading.load(["hardware=rtx3090"], device=cpu_device)
 
 

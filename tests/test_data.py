@@ -70,7 +70,7 @@ def test_bad_data_is_one_clear_error(tmp_path, setup, pattern):
 def test_non_utf8_file_names_the_byte_and_the_fix(tmp_path):
     path = tmp_path / "latin1.csv"
     path.write_bytes("post,criterion,label\ncaf\xe9,b,1\nx,y,0\n".encode("latin-1"))
-    with pytest.raises(DataError, match=r"not valid UTF-8 \(byte 0xe9 at offset \d+\); re-save it as UTF-8"):
+    with pytest.raises(DataError, match=r"not valid UTF-8 \(byte 0xe9 at offset \d+, line \d+\); re-save it as UTF-8"):
         data.load(cfg(path))
 
 
@@ -85,6 +85,27 @@ def test_labels_match_across_formats_as_strings(tmp_path):
     path.write_text("\n".join(json.dumps({"post": "a", "criterion": "c", "label": x}) for x in ["1", 0, 1.0, "0"]))
     ds = data.load(cfg(path, labels=[0, 1], validation_path=str(path)))
     assert ds.train.labels == [1, 0, 1, 0]
+
+
+def test_csv_texts_stay_text(tmp_path):
+    """Found by test_fuzz_data.py: a CSV post "007" was read as the number 7 and trained as "7"."""
+    path = tmp_path / "t.csv"
+    path.write_text("post,criterion,label\n007,1.50,0\nTrue,x,1\n")
+    ds = data.load(cfg(path, validation_split=0.5))
+    assert sorted(ds.train.texts + ds.validation.texts) == ["007", "True"]
+    assert sorted(ds.train.pairs + ds.validation.pairs) == ["1.50", "x"]
+
+
+def test_a_bom_is_skipped_and_a_utf16_file_is_named_as_such(tmp_path):
+    """Found by test_fuzz_data.py: a JSONL file with a UTF-8 BOM was refused ("Expected object or value", no line), and
+    a UTF-16 file's refusal named no line."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes("".join(json.dumps(r) + "\n" for r in ROWS).encode("utf-8-sig"))
+    assert len(data.read_table(str(path))) == len(ROWS)
+    path = tmp_path / "t.csv"
+    path.write_bytes("post,criterion,label\na,b,0\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"not valid UTF-8 \(byte 0xff at offset 0, line 1; it looks like UTF-16\)"):
+        data.read_table(str(path))
 
 
 def test_collator_pads_dynamically_and_counts_tokens_on_the_host():

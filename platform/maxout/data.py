@@ -15,7 +15,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pandas as pd
 import torch
@@ -25,6 +25,8 @@ from .config import DataConfig
 from .errors import DataError
 from .paths import resolve_path
 
+# Very long cells are text too: the csv module's default field limit (128 KiB) would refuse them.
+csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
 READERS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet",
            ".pq": "parquet"}
 
@@ -40,10 +42,11 @@ def existing_file(path: str) -> Path:
     return file
 
 
-def read_table(path: str, fmt: str = "auto", text: bool = False) -> pd.DataFrame:
-    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly. ``text``: every CSV cell stays a
-    string (prediction input: a CSV has no types, so "42" is text, not a number). A column name that appears twice
-    is an error, never a silent rename."""
+def read_table(path: str, fmt: str = "auto", text: bool = False, text_columns: Sequence[str] = ()) -> pd.DataFrame:
+    """Read one CSV / JSONL / Parquet file as strings-or-numbers; UTF-8 strictly (a leading BOM is skipped). ``text``: every CSV cell stays a
+    string (prediction input: a CSV has no types, so "42" is text, not a number); ``text_columns``: these CSV columns
+    stay strings (training texts: "007" is not the number 7). A column name that appears twice is an error, never a
+    silent rename."""
     file = existing_file(path)
     kind = READERS.get(file.suffix.lower()) if fmt == "auto" else fmt
     if kind is None:
@@ -52,19 +55,32 @@ def read_table(path: str, fmt: str = "auto", text: bool = False) -> pd.DataFrame
     try:
         _no_duplicate_columns(file, kind, path)
         if kind == "csv":
-            return pd.read_csv(file, encoding="utf-8", encoding_errors="strict", sep=_separator(file),
-                               keep_default_na=False, dtype=str if text else None)
+            return pd.read_csv(file, encoding="utf-8-sig", encoding_errors="strict", sep=_separator(file),
+                               keep_default_na=False, dtype=str if text else dict.fromkeys(text_columns, str))
         if kind == "jsonl":
-            return pd.read_json(file, lines=True, encoding="utf-8", encoding_errors="strict", dtype=False)
+            return pd.read_json(file, lines=True, encoding="utf-8-sig", encoding_errors="strict", dtype=False)
         return pd.read_parquet(file)
     except UnicodeDecodeError as err:
-        raise DataError(f"data file {path} is not valid UTF-8 (byte {err.object[err.start]:#04x} at offset "
-                        f"{err.start}); re-save it as UTF-8") from None
+        raise DataError(f"data file {path} is not valid UTF-8 ({_first_bad_byte(file, err)}); re-save it as "
+                        f"UTF-8") from None
     except pd.errors.EmptyDataError:
         raise DataError(f"data file {path} is empty: it needs a header row and at least one example") from None
     except (ValueError, pd.errors.ParserError, OSError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"cannot read {path} as {kind}: {first}") from None
+
+
+def _first_bad_byte(file: Path, err: UnicodeDecodeError) -> str:
+    """Where the file stops being UTF-8, from the whole file (pandas decodes in chunks: its offset is the chunk's)."""
+    raw = file.read_bytes()
+    try:
+        raw.decode("utf-8-sig")
+        start, byte = err.start, err.object[err.start]
+    except UnicodeDecodeError as whole:
+        start, byte = whole.start, raw[whole.start]
+    utf16 = "; it looks like UTF-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+    line = raw[:start].count(b"\n") + 1
+    return f"byte {byte:#04x} at offset {start}, line {line}{utf16}"
 
 
 def _separator(file: Path) -> str:
@@ -76,9 +92,12 @@ def _no_duplicate_columns(file: Path, kind: str, path: str) -> None:
     one of the two columns would be used without a word. Read the names as written and refuse repeats."""
     if kind == "csv":
         with open(file, newline="", encoding="utf-8-sig") as f:
-            _unique(next(csv.reader(f, delimiter=_separator(file)), []), path)
+            rows = csv.reader(f, delimiter=_separator(file))
+            header = next(rows, [])
+            _unique(header, path)
+            _not_ragged(rows, header, path)
     elif kind == "jsonl":
-        with open(file, encoding="utf-8") as f:
+        with open(file, encoding="utf-8-sig") as f:
             for line in f:
                 try:  # a second parse of each line: json keeps the last of repeated keys, the hook sees them all
                     json.loads(line, object_pairs_hook=lambda pairs: _unique([k for k, _ in pairs], path) or {})
@@ -88,6 +107,19 @@ def _no_duplicate_columns(file: Path, kind: str, path: str) -> None:
         import pyarrow.parquet as pq  # lazy: pandas' Parquet engine, loaded by read_parquet anyway
 
         _unique(pq.read_schema(file).names, path)
+
+
+def _not_ragged(rows: Any, header: list, path: str) -> None:
+    """Every CSV row has as many cells as the header. pandas takes a first row with one cell more for an index
+    column (every column then shifts by one: the text column reads the labels) and fills a short row with NaN."""
+    try:
+        for number, row in enumerate(rows, start=1):
+            if row and len(row) != len(header):  # a blank line is no row (pandas skips it too)
+                raise DataError(f"data file {path} row {number} has {len(row)} cells but the header has "
+                                f"{len(header)} ({', '.join(header)}); quote cells that hold the delimiter, and "
+                                f"give every row one cell per column")
+    except csv.Error as err:
+        raise DataError(f"cannot read {path} as csv: {err}") from None
 
 
 def _unique(names: list, path: str) -> None:
@@ -129,6 +161,11 @@ class Dataset:
         return len(self.label_names)
 
 
+def text_columns(cfg: DataConfig) -> list[str]:
+    """The columns that hold text: the text column and, for pair tasks, the pair column."""
+    return [cfg.text_column] + ([cfg.text_pair_column] if cfg.text_pair_column else [])
+
+
 def _columns(df: pd.DataFrame, cfg: DataConfig, path: str) -> None:
     wanted = [("data.text_column", cfg.text_column), ("data.label_column", cfg.label_column)]
     if cfg.text_pair_column:
@@ -139,32 +176,47 @@ def _columns(df: pd.DataFrame, cfg: DataConfig, path: str) -> None:
 
 
 def _without_empty_cells(df: pd.DataFrame, cfg: DataConfig, path: str) -> tuple[pd.DataFrame, int]:
-    """The rows whose text, pair or label cell is empty (null, NaN, blank) are refused with one line naming the
-    file, the columns, how many and which rows; with ``data.on_missing=drop`` they are left out and counted. (An
-    empty label would otherwise become a class of its own, and an empty text the string 'nan' or 'None'.)"""
-    columns = [cfg.text_column] + ([cfg.text_pair_column] if cfg.text_pair_column else []) + [cfg.label_column]
-    empty = {c: cells.positions(df[c]) for c in dict.fromkeys(columns)}
-    bad = sorted(set().union(*empty.values()))
+    """The rows whose text, pair or label cell is empty (null, NaN, blank), whose text or pair cell is not a string
+    (a number, list or mapping from JSON or Parquet: prediction refuses those too, cells.py) or whose label is not a
+    single value (a list or mapping) are refused with one line naming the file, the columns, how many and which
+    rows; with ``data.on_missing=drop`` they are left out and counted. (An empty label would otherwise become a
+    class of its own, an empty text the string 'nan' or 'None', and a mapping its Python repr.)"""
+    texts = text_columns(cfg)
+    empty, other = {}, {}
+    for c in dict.fromkeys(texts + [cfg.label_column]):
+        empty[c] = cells.positions(df[c])
+        other[c] = cells.positions(df[c], cells.not_text if c in texts else _not_a_label)
+    bad = sorted(set().union(*empty.values(), *other.values()))
     if not bad:
         return df, 0
     if cfg.on_missing != "drop":
-        which = ", ".join(f"{c!r}: {len(rows)}" for c, rows in empty.items() if rows)
-        raise DataError(f"data file {path} has {len(bad)} of {len(df)} rows with an empty cell ({which}; "
-                        f"{cells.rows(bad)}); fill them in, or set data.on_missing=drop to train without those rows "
-                        f"(the run logs how many it dropped)")
+        typed = any(other.values())
+        which = ", ".join(f"{c!r}: " + (f"{len(empty[c])}" if not typed else " and ".join(
+            f"{n} {what}" for n, what in ((len(empty[c]), "empty"), (len(other[c]), "not text" if c in texts
+                                                                      else "not a single value")) if n))
+            for c in empty if empty[c] or other[c])
+        raise DataError(f"data file {path} has {len(bad)} of {len(df)} rows with an empty{' or non-text' * typed} "
+                        f"cell ({which}; {cells.rows(bad)}); fill them in{' as text' * typed}, or set "
+                        f"data.on_missing=drop to train without those rows (the run logs how many it dropped)")
     kept = df.drop(index=df.index[bad])
     if kept.empty:
-        raise DataError(f"data file {path} has no row left after data.on_missing=drop: every row has an empty "
-                        f"{' / '.join(repr(c) for c in empty)} cell")
+        raise DataError(f"data file {path} has no row left after data.on_missing=drop: every row has an empty or "
+                        f"non-text {' / '.join(repr(c) for c in empty)} cell")
     return kept, len(bad)
+
+
+def _not_a_label(value: Any) -> bool:
+    """A label cell holding a list or mapping (JSON, Parquet): no class name."""
+    return not cells.missing(value) and not pd.api.types.is_scalar(value)
 
 
 def _table(df: pd.DataFrame, cfg: DataConfig, label_ids: dict[str, int], path: str) -> Table:
     labels = df[cfg.label_column].map(_label_key)
     unknown = sorted(set(labels) - set(label_ids))
     if unknown:
-        raise DataError(f"label {unknown[0]!r} in {path} is not in the label set {sorted(label_ids)}; "
-                        f"fix the data or set data.labels")
+        rows = [i for i, label in enumerate(labels) if label not in label_ids]
+        raise DataError(f"label {unknown[0]!r} in {path} is not in the label set {sorted(label_ids)} "
+                        f"({cells.rows(rows)}); fix the data or set data.labels")
     texts = df[cfg.text_column].astype(str).tolist()
     pairs = df[cfg.text_pair_column].astype(str).tolist() if cfg.text_pair_column else None
     return Table(texts, pairs, [label_ids[x] for x in labels])
@@ -189,7 +241,7 @@ def _fingerprint(paths: list[str], cfg: DataConfig) -> str:
 
 def load(cfg: DataConfig) -> Dataset:
     """Read and validate both splits. Every check here runs before any model is loaded."""
-    train_df = read_table(cfg.train_path, cfg.format)
+    train_df = read_table(cfg.train_path, cfg.format, text_columns=text_columns(cfg))
     if train_df.empty:
         raise DataError(f"data file {cfg.train_path} has no rows: the training set must not be empty")
     _columns(train_df, cfg, cfg.train_path)
@@ -200,13 +252,14 @@ def load(cfg: DataConfig) -> Dataset:
     else:
         label_names = sorted({_label_key(x) for x in train_df[cfg.label_column]})
     if len(label_names) < 2:
-        raise DataError(f"data has a single label {label_names}: classification needs at least 2 "
+        where = "data.labels" if cfg.labels is not None else cfg.train_path
+        raise DataError(f"data has a single label {label_names} ({where}): classification needs at least 2 "
                         f"(check data.label_column={cfg.label_column!r})")
     label_ids = {name: i for i, name in enumerate(label_names)}
     train = _table(train_df, cfg, label_ids, cfg.train_path)
     paths = [cfg.train_path]
     if cfg.validation_path:
-        val_df = read_table(cfg.validation_path, cfg.format)
+        val_df = read_table(cfg.validation_path, cfg.format, text_columns=text_columns(cfg))
         if val_df.empty:
             raise DataError(f"data file {cfg.validation_path} has no rows: the validation set must not be empty")
         _columns(val_df, cfg, cfg.validation_path)
@@ -225,7 +278,7 @@ def load(cfg: DataConfig) -> Dataset:
 
 def _test_table(cfg: DataConfig, label_ids: dict[str, int], dropped_rows: dict) -> Table:
     """The test split: the model only predicts the training label set, so any other label is an error."""
-    df = read_table(cfg.test_path, cfg.format)
+    df = read_table(cfg.test_path, cfg.format, text_columns=text_columns(cfg))
     if df.empty:
         raise DataError(f"data file {cfg.test_path} has no rows: the test set must not be empty (or unset "
                         f"data.test_path)")

@@ -194,7 +194,7 @@ def check_profile(hw: Any, device: DeviceInfo) -> None:
     if hw.requires_cuda and not device.is_cuda:
         hint = " Inside a container, pass -A gpus=all to mlflow run." if device.in_container else ""
         raise HardwareError(
-            f"hardware profile {hw.name!r} needs a CUDA GPU but none is visible "
+            f"hardware profile {hw.name!r} needs a CUDA GPU (hardware.requires_cuda=true) but none is visible "
             f"(torch.cuda.is_available() is False); use hardware=cpu or hardware=auto.{hint}")
 
 

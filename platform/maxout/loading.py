@@ -26,7 +26,7 @@ from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from .config import Config
 from .errors import ConfigError, HardwareError, MaxoutError, collect, combined
@@ -133,9 +133,12 @@ def compose(overrides: Sequence[str] = ()) -> Any:
     extra = [f"file://{p}" for p in search_path()]
     if extra:
         overrides.append(f"hydra.searchpath=[{','.join(extra)}]")
+    raw = None
     try:
         with initialize_config_dir(version_base=None, config_dir=str(CONF_DIR), job_name="maxout"):
-            return hydra_compose(config_name="config", overrides=overrides)
+            raw = hydra_compose(config_name="config", overrides=overrides)
+        OmegaConf.resolve(raw)  # an interpolation that points nowhere (${nope}) fails here, by key, not later
+        return raw
     except MissingConfigException as err:
         found = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
         if found:
@@ -143,8 +146,19 @@ def compose(overrides: Sequence[str] = ()) -> Any:
             raise ConfigError(f"unknown {group} {name!r} (valid {group} options: "
                               f"{', '.join(group_options(group))})") from None
         raise ConfigError(str(err).splitlines()[0]) from None
+    except AssertionError:  # OmegaConf asserts, not raises, when an override sets a key inside a null section
+        culprit = _inside_null_section(overrides)
+        if culprit is None:
+            raise
+        key, section = culprit
+        raise ConfigError(f"{key}: the {section} section is null unless one of its options is selected; add "
+                          f"{section}=NAME before it (valid {section} options: "
+                          f"{', '.join(group_options(section))})") from None
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).splitlines()[0]
+        if isinstance(err, InterpolationResolutionError):  # OmegaConf.resolve's error names no key: find it
+            key = raw is not None and _unresolvable(raw) or "an override"
+            raise ConfigError(f"{key}: {first}; fix the ${{...}} interpolation or quote the value") from None
         key = re.search(r"Could not override '([^']+)'", first)
         if key:
             raise ConfigError(f"unknown config key {key.group(1)!r} in the overrides; "
@@ -156,6 +170,31 @@ def compose(overrides: Sequence[str] = ()) -> Any:
             raise ConfigError(f"invalid value for {merging.group(1)} in override {merging.group(0)[23:]}: "
                               f"{cause}") from None
         raise ConfigError(f"bad override ({first}); overrides look like key=value, e.g. train.lr=3e-5") from None
+
+
+def _unresolvable(node: Any, prefix: str = "") -> Optional[str]:
+    """The dotted key of the first value in ``node`` whose interpolation does not resolve."""
+    listed = OmegaConf.is_list(node)
+    for key in range(len(node)) if listed else node.keys():
+        full = f"{prefix}[{key}]" if listed else f"{prefix}.{key}" if prefix else str(key)
+        try:
+            child = node[key]
+        except InterpolationResolutionError:
+            return full
+        found = _unresolvable(child, full) if OmegaConf.is_config(child) else None
+        if found:
+            return found
+    return None
+
+
+def _inside_null_section(overrides: Sequence[str]) -> Optional[tuple[str, str]]:
+    """(key, section) of the first override that sets a key inside a section the schema leaves null (``hpo``,
+    unless an ``hpo=...`` choice selects it): ``hpo.study_name=x`` on ``maxout train``."""
+    typed = typing.get_type_hints(Config)
+    null = {f.name for f in fields(Config) if f.default is None and _dataclass_in(typed[f.name])}
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+    chosen = {k for k in keys if "." not in k}
+    return next(((k, k.split(".")[0]) for k in keys if "." in k and k.split(".")[0] in null - chosen), None)
 
 
 def _register_schema() -> None:

@@ -58,7 +58,9 @@ def add_problems(cfg: Config, problems: list, dataset: Any = None, tokenizer: An
                 collect(problems, modeling.check_max_length, cfg.model, cfg.data.max_length)
     if tokenizer is not None and _valid(cfg.model):
         collect(problems, check_model, cfg, tokenizer)
-    if cfg.batch_size != "auto":  # auto: the batch finder probes once the run's device is known
+    # auto: the batch finder probes once the run's device is known; an invalid batch size (all, inf) is already
+    # among the config's problems, and int() of it would be a traceback
+    if cfg.batch_size != "auto" and _valid(cfg.train) and _valid(cfg.hardware):
         collect(problems, resolve_micro_batch, cfg)
     if cfg.tracking.backend == "mlflow" and _valid(cfg.tracking):
         from ..tracking import preflight  # lazy: mlflow takes 1.5 s to import, and tracking=none never needs it

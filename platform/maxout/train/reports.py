@@ -39,21 +39,29 @@ def pyplot() -> Any:
     return plt
 
 
+# Classes up to which the heat map names each label and writes each cell's count. Beyond, a plain heat map of that
+# size: 1,000 classes drew a million texts on a 450-inch figure (minutes, and gigabytes that ended in the OOM killer);
+# the counts are in confusion_matrix.json, the per-class scores in classification_report.txt.
+ANNOTATED_CLASSES = 30
+
+
 def confusion_png(confusion: list[list[int]], label_names: list[str], title: str, path: Path) -> None:
     plt = pyplot()
     counts = np.asarray(confusion)
-    side = 2.2 + 0.45 * len(label_names)
+    annotated = len(label_names) <= ANNOTATED_CLASSES
+    side = 2.2 + 0.45 * min(len(label_names), ANNOTATED_CLASSES)
     fig, ax = plt.subplots(figsize=(side + 1, side))
     image = ax.imshow(counts, cmap="Blues")
     fig.colorbar(image, ax=ax, fraction=0.046)
-    ticks = range(len(label_names))
-    ax.set_xticks(ticks, [str(n) for n in label_names], rotation=45 if len(label_names) > 4 else 0)
-    ax.set_yticks(ticks, [str(n) for n in label_names])
-    ax.set_xlabel("predicted")
+    ticks = range(len(label_names)) if annotated else []
+    ax.set_xticks(ticks, [str(n) for n in label_names] if annotated else [],
+                  rotation=45 if len(label_names) > 4 else 0)
+    ax.set_yticks(ticks, [str(n) for n in label_names] if annotated else [])
+    ax.set_xlabel("predicted" if annotated else f"predicted ({len(label_names)} classes, in label order)")
     ax.set_ylabel("true")
     ax.set_title(title)
     middle = counts.max() / 2 if counts.size else 0
-    for (r, c), n in np.ndenumerate(counts):
+    for (r, c), n in np.ndenumerate(counts if annotated else []):
         ax.text(c, r, str(n), ha="center", va="center", color="white" if n > middle else "black")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
