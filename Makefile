@@ -52,7 +52,7 @@ run: install
 ##   engine, debootstrap and Compose that tests/test_mlflow_run.py and the compose check use, if missing
 test: install
 	docker/install-engine.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 ## test-fast: everything but the slow end-to-end tests
 test-fast: install
