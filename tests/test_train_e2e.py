@@ -85,6 +85,7 @@ def model_files(folder) -> list[str]:
     return [p.read_bytes().decode("utf-8", "replace") for p in Path(folder).rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_real_rows_as_the_input_example_are_opt_in(mlflow_store):
     assert cli.main(["train", *TINY, *mlflow_store["overrides"], "tracking.input_example=real", "--no-progress"]) == 0
     run = only_run(mlflow_store["uri"])
