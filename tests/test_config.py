@@ -82,6 +82,7 @@ def test_gpu_profile_in_a_container_suggests_gpus_all(cpu_device):
     (["train.epochs=0"], r"train.epochs=0 must be >= 1"),
     (["train.lr=abc"], r"invalid value for train.lr"),
     (["train.lr"], r"bad override"),
+    (["tracking.input_example=private"], r"tracking.input_example='private' \(valid: synthetic, real, none\)"),
 ])
 def test_bad_overrides_give_one_line_errors(overrides, pattern, cpu_device):
     with pytest.raises(ConfigError, match=pattern) as err:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -66,6 +68,32 @@ def test_tiny_run_is_fully_tracked_and_its_model_predicts(mlflow_store):
     assert list(out.columns) == ["label", "prob_0", "prob_1"] and len(out) == 2
     assert (out[["prob_0", "prob_1"]].sum(axis=1) - 1).abs().max() < 1e-5
     assert set(out["label"]) <= {"0", "1"}
+    # The input example is made up (tracking.input_example=synthetic): no validation row is in the model's files.
+    local = mlflow.artifacts.download_artifacts(run.data.tags["maxout.model_uri"],
+                                                dst_path=str(mlflow_store["dir"] / "dl"))
+    assert json.loads((Path(local) / "input_example.json").read_text())["data"][0][0] == "An example text to classify."
+    assert not any(text in blob for text in first_validation_texts() for blob in model_files(local))
+
+
+def first_validation_texts(n: int = 2) -> list[str]:
+    """The rows tracking.input_example=real copies: the first validation posts, as they read in any file."""
+    posts = pd.read_csv(ROOT / "projects" / "nli_demo" / "data" / "validation.csv")["post"].tolist()[:n]
+    return [text[:80] for text in posts] + [json.dumps(text)[1:81] for text in posts]
+
+
+def model_files(folder) -> list[str]:
+    return [p.read_bytes().decode("utf-8", "replace") for p in Path(folder).rglob("*") if p.is_file()]
+
+
+@pytest.mark.slow
+def test_real_rows_as_the_input_example_are_opt_in(mlflow_store):
+    assert cli.main(["train", *TINY, *mlflow_store["overrides"], "tracking.input_example=real", "--no-progress"]) == 0
+    run = only_run(mlflow_store["uri"])
+    mlflow.set_tracking_uri(mlflow_store["uri"])
+    local = mlflow.artifacts.download_artifacts(run.data.tags["maxout.model_uri"],
+                                                dst_path=str(mlflow_store["dir"] / "dl"))
+    example = json.loads((Path(local) / "input_example.json").read_text())
+    assert [row[0][:80] for row in example["data"]] == first_validation_texts()[:2]
 
 
 class Boom(Callback):

@@ -33,6 +33,9 @@ FORMATS = ("auto", "csv", "jsonl", "parquet")
 ON_MISSING = ("error", "drop")  # a training / validation row with an empty text, pair or label cell
 MODEL_SOURCES = ("package", "pretrained", "config")
 TRACKING_BACKENDS = ("mlflow", "none")
+# The logged model's input example: made up from its columns (no training data in the registry), two real
+# validation rows (opt-in: they travel with every pull and serve), or none.
+INPUT_EXAMPLES = ("synthetic", "real", "none")
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 # What evaluation reports (train/evaluate.py): the metrics a setting may name. Per class it also reports
 # eval/<score>/<label> for each PER_CLASS_SCORES score (train.select_best may name those too).
@@ -267,6 +270,7 @@ class TrackingConfig:
     system_metrics: bool = True  # MLflow's own CPU/GPU sampler, for the run's timeline
     system_metrics_interval_s: float = 5.0
     log_model: bool = True
+    input_example: str = "synthetic"  # synthetic | real (copies 2 validation rows into the model) | none
     s3_endpoint_url: Optional[str] = None  # direct S3 mode: sets MLFLOW_S3_ENDPOINT_URL for the client
     tags: dict = field(default_factory=dict)
     spool_dir: Optional[str] = None  # local journal of undelivered writes (spool.py); None: <state dir>/spool
@@ -274,6 +278,8 @@ class TrackingConfig:
 
     def validate(self) -> None:
         _check(self.backend in TRACKING_BACKENDS, f"tracking.backend={one_of(self.backend, TRACKING_BACKENDS)}")
+        _check(self.input_example in INPUT_EXAMPLES,
+               f"tracking.input_example={one_of(self.input_example, INPUT_EXAMPLES)}")
         _check(self.system_metrics_interval_s > 0, "tracking.system_metrics_interval_s must be > 0")
         _check(self.upload_retry_s >= 0, f"tracking.upload_retry_s={self.upload_retry_s} must be >= 0")
 

@@ -6,6 +6,7 @@
   packed rows: what training with ``model.pooling`` or packed batches uses, so the logged model predicts the same way
 - ``pyfunc.py``: the MLflow pyfunc around it, which ``mlflow.pyfunc.load_model``, ``mlflow models serve`` and
   ``maxout predict`` load
+- ``model_code.py``: the file MLflow logs as the model and runs to build it ("models from code": nothing pickled)
 
 A logged model runs without a tracker, a config or a trainer: the maxout package travels inside it.
 

@@ -66,6 +66,19 @@ class ModelMeta:
         return ["label"] + [f"prob_{name}" for name in self.label_names]
 
 
+def read_meta(directory: str | Path) -> ModelMeta:
+    return ModelMeta(**json.loads((Path(directory) / META_FILE).read_text()))
+
+
+def synthetic_example(meta: ModelMeta) -> pd.DataFrame:
+    """An input example made up from the declared columns: it shows a consumer the request's shape and carries
+    nothing from the training data."""
+    example = pd.DataFrame({meta.text_column: ["An example text to classify.", "Another example text."]})
+    if meta.text_pair_column:
+        example[meta.text_pair_column] = ["An example second text of the pair.", "Another second text."]
+    return example
+
+
 def save(model: Any, tokenizer: Any, meta: ModelMeta, directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -85,7 +98,7 @@ class Predictor:
     @classmethod
     def from_dir(cls, directory: str | Path, device: Optional[str] = None) -> "Predictor":
         directory = Path(directory)
-        meta = ModelMeta(**json.loads((directory / META_FILE).read_text()))
+        meta = read_meta(directory)
         model = AutoModelForSequenceClassification.from_pretrained(directory)
         if meta.pooling:
             model = PooledClassifier(model, meta.pooling)

@@ -107,13 +107,24 @@ def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
     meta = inference.ModelMeta(cfg.data.text_column, cfg.data.text_pair_column, setup.dataset.label_names,
                                cfg.data.max_length, setup.derived.get("pooling"), base_model(cfg),
                                setup.derived.get("model_commit"))
-    val = setup.dataset.validation
-    example = pd.DataFrame({cfg.data.text_column: val.texts[:2]})
-    if val.pairs is not None:
-        example[cfg.data.text_pair_column] = val.pairs[:2]
     with tempfile.TemporaryDirectory(prefix="maxout-model-") as tmp:
         inference.save(lora.merged(model), setup.tokenizer, meta, tmp)
-        return tracker.log_model(tmp, example)
+        return tracker.log_model(tmp, input_example(setup, meta))
+
+
+def input_example(setup: Setup, meta: inference.ModelMeta) -> Optional[pd.DataFrame]:
+    """The logged model's input example (tracking.input_example): made up from the model's columns by default, so
+    no training data travels with the model; two real validation rows only when asked for."""
+    choice = setup.cfg.tracking.input_example
+    if choice == "none":
+        return None
+    if choice == "synthetic":
+        return inference.synthetic_example(meta)
+    val = setup.dataset.validation
+    example = pd.DataFrame({meta.text_column: val.texts[:2]})
+    if val.pairs is not None:
+        example[meta.text_pair_column] = val.pairs[:2]
+    return example
 
 
 def base_model(cfg: Config) -> Optional[str]:

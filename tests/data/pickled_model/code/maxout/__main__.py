@@ -1,0 +1,8 @@
+"""``python -m maxout``: the command line.
+
+Entry point. May import: cli.
+"""
+
+from .cli import main
+
+raise SystemExit(main())

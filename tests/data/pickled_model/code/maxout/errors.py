@@ -1,0 +1,93 @@
+"""One error type for everything a user can get wrong, and the signal that ends a run as KILLED.
+
+The CLI turns a MaxoutError into a single line on stderr and its exit code, so every message must name
+the bad value and what is valid, and fit on one line.
+
+Ground floor. May import: nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+USAGE = 2  # bad config, bad override, bad CLI arguments: the user must change the command
+RUNTIME = 1  # the command was fine but the run could not complete (missing file, no GPU, ...)
+
+
+class MaxoutError(Exception):
+    """A problem the user can fix. ``str(err)`` is one line."""
+
+    exit_code = RUNTIME
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(" ".join(str(message).split()))  # never multi-line
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class ConfigError(MaxoutError):
+    """Invalid configuration or override: a usage error (exit 2)."""
+
+    exit_code = USAGE
+
+
+class DataError(MaxoutError):
+    """The data files do not match the data config."""
+
+
+class HardwareError(MaxoutError):
+    """The requested hardware profile cannot run on this machine."""
+
+
+class Diverged(MaxoutError):
+    """Training produced a non-finite loss or gradient norm (train/divergence.py), or an objective that is not a
+    number: the model is wrong, so the run fails and nothing is logged or registered. HPO prunes such a trial and
+    goes on. ``step`` is the optimizer step where it first appeared (None when not known)."""
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM (cli.py installs the handler), so the run is closed as KILLED instead
+    of left RUNNING. A BaseException: ``except Exception`` blocks must not swallow it."""
+
+
+class OutOfMemory(HardwareError):
+    """Out of memory that maxout could not recover from (one row per forward pass already, or the batch finder
+    found that not even one sample fits). HPO prunes such a trial instead of failing the study."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
+def one_of(value: object, valid: object) -> str:
+    """'x' (valid: a, b, c) — the shared tail of most messages."""
+    options = ", ".join(str(v) for v in valid) if not isinstance(valid, str) else valid
+    return f"{value!r} (valid: {options})"
+
+
+def combined(problems: Sequence[MaxoutError]) -> MaxoutError:
+    """One error for several problems, still one line: '3 problems: a; b; c'. A single problem stays itself;
+    several are a usage error (exit 2) when any of them is one."""
+    if len(problems) == 1:
+        return problems[0]
+    usage = any(p.exit_code == USAGE for p in problems)
+    err = (ConfigError if usage else MaxoutError)(f"{len(problems)} problems: " + "; ".join(map(str, problems)))
+    err.problems = list(problems)
+    return err
+
+
+def collect(problems: list, func: Callable, *args: Any) -> Any:
+    """``func(*args)``, or None with its MaxoutError appended to ``problems`` (how checks list every problem
+    instead of stopping at the first). A check that returns nothing gives True, so the caller can tell it
+    passed."""
+    try:
+        result = func(*args)
+    except MaxoutError as err:
+        problems.append(err)
+        return None
+    return True if result is None else result

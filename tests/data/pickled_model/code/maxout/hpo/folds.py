@@ -1,0 +1,25 @@
+"""Stratified k-fold over the training table: one ``data.Dataset`` per fold, for ``train(dataset=...)``.
+
+The configured validation table is left out of the folds (it stays unseen by the search).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sklearn.model_selection import StratifiedKFold
+
+from ..data import Dataset
+from ..errors import ConfigError
+
+
+def kfold(dataset: Dataset, k: int, seed: int) -> list[Dataset]:
+    labels = dataset.train.labels
+    rarest, count = min(Counter(labels).items(), key=lambda item: item[1])
+    if count < k:
+        raise ConfigError(f"hpo.k_folds={k} is too many for this data: label {dataset.label_names[rarest]!r} has "
+                          f"only {count} training rows (each fold needs one); use hpo.k_folds <= {count}")
+    splits = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(labels, labels)
+    return [Dataset(dataset.train.subset(list(fit)), dataset.train.subset(list(held_out)), dataset.label_names,
+                    f"{dataset.fingerprint}-fold{i}of{k}")
+            for i, (fit, held_out) in enumerate(splits, 1)]

@@ -1,0 +1,169 @@
+"""Where a study lives, and what happens to the trials of a worker that dies.
+
+- ``hpo.storage: null``: an Optuna journal file beside the local MLflow store (one machine; any number of
+  processes may share it, the file is locked per write).
+- an RDB URL (``postgresql+psycopg2://...``): shared by workers on many machines. Running trials send heartbeats;
+  when a worker is killed, the next trial any other worker starts finds the stale trial, fails it, re-queues it
+  with the same params (RetryHeartbeatStaleTrialCallback), and ends the dead worker's MLflow runs as KILLED.
+
+``optuna-dashboard <storage>`` opens the same storage (the journal file path, or the URL).
+
+A journal is checked before Optuna replays it (``check_journal``): a last record torn by a worker that died while
+writing it (it was never complete, so never read) is cut off, under Optuna's own journal lock, with a warning;
+a damaged record before the end (a bad disk) is a one-line error naming the file and the line, where Optuna would
+fail with a traceback at its first read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import mlflow
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+from ..config import HpoConfig, TrackingConfig
+from ..errors import MaxoutError, first_line
+from ..paths import embedded_store, state_dir
+from ..tracking.redact import redact
+from ..tracking.store import resolve_uri
+
+CONNECT_TIMEOUT_S = 5  # an unreachable database fails in seconds, not after driver-default minutes
+log = logging.getLogger("maxout")
+
+
+def store_dir(tracking_cfg: TrackingConfig) -> Path:
+    """Where the study's journal and the compile cache go by default: beside a SQLite tracking store's file, so that
+    each store keeps its own studies; in the state dir for the embedded store, for servers, and whenever
+    MAXOUT_STATE_DIR is set (in the container, beside the SQLite file that `mlflow run` mounts is no place to keep)."""
+    uri, _ = resolve_uri(tracking_cfg)
+    database = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    if database is None or database == embedded_store()[0] or os.environ.get("MAXOUT_STATE_DIR"):
+        return state_dir()
+    return database.parent
+
+
+def is_url(storage: str) -> bool:
+    return "://" in storage
+
+
+def location(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> str:
+    """The storage as given to optuna-dashboard: a journal file path or an RDB URL."""
+    return hpo.storage or str(store_dir(tracking_cfg) / "optuna.journal")
+
+
+def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
+    """The Optuna storage, connected (an unreachable database fails here, in seconds, with a one-line error)."""
+    where = location(hpo, tracking_cfg)
+    if not is_url(where):
+        path = Path(where).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        check_journal(path)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}  # a worker outlives idle database connections
+    if where.startswith(("postgresql", "mysql")):
+        engine_kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    try:
+        with warnings.catch_warnings():  # heartbeats are marked experimental; they are what makes retries work
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                where, engine_kwargs=engine_kwargs, heartbeat_interval=hpo.heartbeat_interval_s,
+                grace_period=hpo.grace_period_s,
+                heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg))
+    except Exception as err:  # sqlalchemy's OperationalError / ArgumentError, a missing driver, ...
+        first = first_line(err)
+        if "import" in first.lower():  # SQLAlchemy 2.1 maps postgresql:// to psycopg 3, which is not installed
+            raise MaxoutError(f"no database driver for {redact(where)} ({first}); for PostgreSQL use "
+                              f"postgresql+psycopg2://user:password@host:5432/db") from None
+        raise MaxoutError(f"HPO storage unreachable at {redact(where)} ({redact(first)}); "
+                          f"check hpo.storage / MAXOUT_HPO_STORAGE, or use hpo.storage=null for a local "
+                          f"journal file") from None
+
+
+def check_journal(path: Path) -> None:
+    """Repair a torn last record, refuse a damaged one before it (see the module docstring). Under the lock that
+    Optuna's JournalFileBackend takes for each write, so no worker is writing while the file is read."""
+    if not path.is_file():
+        return
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+        lines = data.split(b"\n")
+        for number, line in enumerate(lines[:-1], 1):  # every line that has its newline: complete when written
+            if not _parses(line):
+                raise MaxoutError(f"HPO journal {path} is damaged at line {number} of {len(lines) - 1} (not a JSON "
+                                  f"record: {line[:40]!r}); Optuna cannot replay the studies in it: move it away and "
+                                  f"start afresh (every trial is also in MLflow), or set hpo.storage to another file")
+        torn = lines[-1]  # what follows the last newline: nothing, unless a writer died mid-record
+        if torn and _parses(torn):  # complete but for its newline: keep it
+            with open(path, "ab") as f:
+                f.write(b"\n")
+                os.fsync(f.fileno())
+        elif torn:
+            with open(path, "r+b") as f:
+                f.truncate(len(data) - len(torn))
+                os.fsync(f.fileno())
+            log.warning("maxout: HPO journal %s ended in a torn record (%d bytes, a worker died while writing "
+                        "it); removed, the records before it are intact", path, len(torn))
+    finally:
+        lock.release()
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line.decode("utf-8"))
+        return True
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
+def heartbeats(storage: Any) -> bool:
+    """Whether a killed worker's trial is found and retried (RDB storage with heartbeats)."""
+    return getattr(storage, "heartbeat_interval", None) is not None
+
+
+class RetryLostTrial:
+    """Heartbeat-stale trial (its worker died or lost the database): re-queue it with the same params, and end
+    the MLflow runs that worker left RUNNING (the trial's child, its fold runs, the worker's parent) as KILLED."""
+
+    def __init__(self, max_retry: Optional[int], tracking_cfg: TrackingConfig):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        self.tracking_cfg = tracking_cfg
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        self.retry(study, trial)
+        run_id = trial.user_attrs.get("mlflow_run_id")
+        if self.tracking_cfg.backend == "mlflow" and run_id:
+            end_lost_runs(self.tracking_cfg, run_id, trial.user_attrs.get("mlflow_parent_run_id"),
+                          f"worker {trial.user_attrs.get('worker', '?')} lost: no heartbeat for more than the grace "
+                          f"period; trial {trial.number} re-queued with the same params")
+
+
+def end_lost_runs(tracking_cfg: TrackingConfig, run_id: str, parent_run_id: Optional[str], reason: str) -> None:
+    client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking_cfg)[0])
+    run = client.get_run(run_id)
+    folds = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    for lost in [run, *folds]:
+        if lost.info.status == "RUNNING":
+            client.set_tag(lost.info.run_id, "maxout.status_reason", reason)
+            client.set_terminated(lost.info.run_id, "KILLED")
+    client.set_tag(run_id, "maxout.hpo.state", "FAIL")
+    if parent_run_id and client.get_run(parent_run_id).info.status == "RUNNING":
+        client.set_tag(parent_run_id, "maxout.status_reason", reason)
+        client.set_terminated(parent_run_id, "KILLED")
+
+
+def compile_cache(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> str:
+    """Point TorchInductor's on-disk FX graph cache at a persistent folder shared by every trial (and worker on
+    this machine), before anything compiles. A TORCHINDUCTOR_CACHE_DIR set by the user wins."""
+    wanted = hpo.compile_cache_dir or str(store_dir(tracking_cfg) / "compile_cache")
+    return os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(wanted).expanduser().resolve()))

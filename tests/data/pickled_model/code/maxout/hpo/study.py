@@ -1,0 +1,241 @@
+"""``run(overrides)``: one worker's share of an Optuna study, as one parent MLflow run with a nested child per
+trial. The CLI (``maxout hpo``), benchmarks and tests call this.
+
+Everything that can be wrong (config, search space, data, model, storage, an existing study with another
+direction) is checked before the parent run starts, so bad input leaves no run behind. Then:
+
+    parent run (no system metrics: children sample them, both levels would sample twice)
+      study.optimize(Objective)            one nested child run per trial (objective.py)
+      until the study has hpo.n_trials finished trials (all workers together) or hpo.timeout_s passed
+      report.log(...)                      counts, compute saved, best, trials.csv, plots
+      promote_best_trial(cfg, best)        registers the best trial's model (registry.name set)
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import optuna
+from optuna.study import MaxTrialsCallback
+from optuna.trial import TrialState
+
+from .. import hardware, loading
+from ..config import Config, HpoConfig, to_dict
+from ..errors import ConfigError
+from ..registry import promotion
+from ..registry.client import client_for
+from ..tracking.params import config_params, flatten
+from ..tracking.redact import redact
+from ..tracking.tracker import closing, start
+from ..optimizations import accumulation
+from ..train import Callback, prepare
+from ..train.evaluate import evaluation_steps
+from ..train.setup import planned_steps
+from . import report, search_space, storage as storage_mod
+from .folds import kfold
+from .objective import WORKER, Objective
+from .report import BestTrial
+
+# Attributes that define what a study's values mean: a worker that disagrees must not join it.
+STUDY_ATTRS = ("metric", "k_folds", "report_every")
+
+
+@dataclass
+class StudyResult:
+    study_name: str
+    storage: str  # redacted: journal path or RDB URL
+    parent_run_id: Optional[str]
+    best: Optional[BestTrial]
+    counts: dict = field(default_factory=dict)
+
+
+def promote_best_trial(cfg: Config, best: BestTrial) -> None:
+    """The model-registry hook, once per study invocation, after the parent run got its summary: with
+    ``registry.name`` set, the study's best complete trial's model is registered and becomes champion if it
+    beats the current one (promotion.register_and_promote, under the registry's promotion lock). A best trial
+    that already has a version (another worker of the study registered it) is not registered twice."""
+    if not cfg.registry.name:
+        return
+    if not best.model_uri or not best.run_id:
+        print(f"maxout: registry: best trial {best.number} has no logged model to register "
+              f"(hpo.k_folds={cfg.hpo.k_folds}, hpo.log_models={cfg.hpo.log_models})", file=sys.stderr)
+        return
+    client = client_for(cfg)
+    if client.search_model_versions(f"name='{cfg.registry.name}' and run_id='{best.run_id}'"):
+        print(f"maxout: registry: best trial {best.number} (run {best.run_id}) is registered already")
+        return
+    run = client.get_run(best.run_id)
+    value = best.value if best.metric == cfg.registry.metric else run.data.metrics.get(cfg.registry.metric)
+    if value is None:
+        raise ConfigError(f"registry.metric={cfg.registry.metric!r}: best trial {best.number} has no such metric; "
+                          f"set registry.metric={best.metric}")
+    outcome = promotion.register_and_promote(best.run_id, best.model_uri, value, cfg,
+                                            run.data.params.get("derived.data_fingerprint", ""), cfg.hardware.name,
+                                            client=client)
+    print(f"maxout: {outcome.summary()}")
+
+
+def check_registry(cfg: Config) -> None:
+    """Before any trial: registering the best trial needs a logged model, so a tracked single-split study."""
+    if not cfg.registry.name:
+        return
+    promotion.check_train(cfg)
+    if cfg.hpo.k_folds > 1 or cfg.hpo.log_models == "none":
+        raise ConfigError(f"registry.name={cfg.registry.name!r} needs the best trial's model: k-fold trials and "
+                          f"hpo.log_models=none log none (got hpo.k_folds={cfg.hpo.k_folds}, "
+                          f"hpo.log_models={cfg.hpo.log_models}); use hpo.k_folds=1 with hpo.log_models=best")
+
+
+def build_sampler(hpo: HpoConfig) -> Any:
+    if hpo.sampler.name == "random":
+        return optuna.samplers.RandomSampler(seed=hpo.sampler.seed)
+    return optuna.samplers.TPESampler(seed=hpo.sampler.seed, n_startup_trials=hpo.sampler.n_startup_trials)
+
+
+def report_unit(hpo: HpoConfig) -> str:
+    """What one step of a trial's intermediate values (the pruner's resource) stands for."""
+    if hpo.k_folds > 1:
+        return "1 fold"
+    return f"{hpo.report_every_steps} steps" if hpo.report_every_steps else f"{hpo.report_every_epochs:g} epochs"
+
+
+def max_resource(cfg: Config, train_rows: int) -> Optional[int]:
+    """Hyperband's resource is what a trial reports after: the reports of a whole trial of the study's config
+    (k-fold: the folds); hpo.pruner.max_resource wins. None when the micro-batch is the batch finder's to pick
+    and no target effective batch fixes the steps per epoch (Optuna then takes the first complete trial's)."""
+    hpo = cfg.hpo
+    if hpo.pruner.max_resource or hpo.k_folds > 1:
+        return hpo.pruner.max_resource or hpo.k_folds
+    micro = cfg.batch_size if cfg.batch_size != "auto" else cfg.train.target_effective_batch
+    if micro is None:
+        return None
+    accum, _ = accumulation.plan(cfg.train.target_effective_batch, micro)
+    per_epoch, total = planned_steps(math.ceil(train_rows / micro), accum, cfg.train)
+    return len(evaluation_steps(per_epoch, total, hpo.report_every_steps or 0, hpo.report_every_epochs))
+
+
+def build_pruner(hpo: HpoConfig, top: Optional[int]) -> Any:
+    """HyperbandPruner over ``top`` reports (None: "auto"), wrapped in PatientPruner when hpo.pruner.patience is
+    set; name none: never prune."""
+    p = hpo.pruner
+    if p.name == "none":
+        return optuna.pruners.NopPruner()
+    if top is not None and p.min_resource > top:
+        raise ConfigError(f"hpo.pruner.min_resource={p.min_resource} is more than the {top} reports of a trial "
+                          f"(one every {report_unit(hpo)}): no trial could ever be pruned")
+    if top is None and p.bootstrap_count:
+        raise ConfigError(f"hpo.pruner.bootstrap_count={p.bootstrap_count} needs a known number of reports per "
+                          f"trial, and batch_size=auto without train.target_effective_batch leaves it open: set "
+                          f"hpo.pruner.max_resource")
+    hyperband = optuna.pruners.HyperbandPruner(min_resource=p.min_resource, max_resource=top or "auto",
+                                               reduction_factor=p.reduction_factor,
+                                               bootstrap_count=p.bootstrap_count)
+    if p.patience is None:
+        return hyperband
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.pruners.PatientPruner(hyperband, patience=p.patience, min_delta=p.min_delta)
+
+
+def open_study(hpo: HpoConfig, storage: Any, where: str, sampler: Any = None, pruner: Any = None) -> Any:
+    """Create the study, or join it when it exists (another worker, an earlier invocation). Joining a study
+    that optimizes in the other direction, or another metric or fold count, is an error."""
+    wanted = {"metric": hpo.metric, "k_folds": hpo.k_folds, "report_every": report_unit(hpo)}
+    try:
+        study_id = storage.get_study_id_from_name(hpo.study_name)
+    except KeyError:
+        study_id = None
+    if study_id is not None:
+        direction = storage.get_study_directions(study_id)[0].name.lower()
+        if direction != hpo.direction:
+            raise ConfigError(f"study {hpo.study_name!r} in {redact(where)} already exists with "
+                              f"direction={direction}, not {hpo.direction}: use hpo.direction={direction} to join "
+                              f"it, or another hpo.study_name")
+        attrs = storage.get_study_user_attrs(study_id)
+        for key in STUDY_ATTRS:
+            if key in attrs and attrs[key] != wanted[key]:
+                raise ConfigError(f"study {hpo.study_name!r} already exists with hpo.{key}={attrs[key]}, not "
+                                  f"{wanted[key]}: its values would not compare; use another hpo.study_name")
+    study = optuna.create_study(study_name=hpo.study_name, storage=storage, sampler=sampler, pruner=pruner,
+                                direction=hpo.direction, load_if_exists=True)
+    for key in STUDY_ATTRS:
+        if key not in study.user_attrs:
+            study.set_user_attr(key, wanted[key])
+    return study
+
+
+def finished(study: Any) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def optimize(study: Any, objective: Objective, hpo: HpoConfig) -> None:
+    """Run trials until the STUDY has hpo.n_trials finished ones (counting every worker's), or the timeout.
+    Several workers may overshoot by up to one trial each (the ones still running when the count is reached)."""
+    callbacks = []
+    if hpo.n_trials is not None:
+        if finished(study) >= hpo.n_trials:
+            print(f"maxout: study {study.study_name!r} already has {finished(study)} finished trials "
+                  f"(hpo.n_trials={hpo.n_trials}): nothing to run; raise hpo.n_trials or use another "
+                  f"hpo.study_name", file=sys.stderr)
+            return
+        callbacks.append(MaxTrialsCallback(hpo.n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    # Everything alive now (libraries, the study's data) outlives every trial: frozen, the collection after each
+    # trial (which frees the last model's cycles) skips it (0.5 s a trial before).
+    gc.collect()
+    gc.freeze()
+    try:
+        study.optimize(objective, timeout=hpo.timeout_s, callbacks=callbacks, gc_after_trial=True)
+    finally:
+        gc.unfreeze()
+
+
+def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Optional[Any] = None,
+        on_best: Callable[[Config, BestTrial], None] = promote_best_trial, progress: bool = False) -> StudyResult:
+    """One worker on the study named by ``hpo.study_name`` (``overrides`` must select an hpo config, e.g.
+    ``hpo=default``). ``callbacks`` are added to every trial's training (tests inject failures with them)."""
+    device = device or hardware.detect()
+    overrides = list(overrides)
+    cfg = loading.load(overrides, device=device)
+    if cfg.hpo is None:
+        raise ConfigError("no hpo config selected: add hpo=default (maxout hpo adds it unless hpo=... is given)")
+    hpo = cfg.hpo
+    specs = search_space.load(hpo.search_space, cfg)
+    dataset = prepare.check(cfg).dataset  # data files, columns, labels, model availability, the tracking store
+    check_registry(cfg)
+    folds = kfold(dataset, hpo.k_folds, hpo.fold_seed) if hpo.k_folds > 1 else None
+    top = max_resource(cfg, len(dataset.train))
+    pruner = build_pruner(hpo, top)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # maxout prints one line per trial instead
+    where = storage_mod.location(hpo, cfg.tracking)
+    storage = storage_mod.open_storage(hpo, cfg.tracking)
+    study = open_study(hpo, storage, where, build_sampler(hpo), pruner)
+    cache = storage_mod.compile_cache(hpo, cfg.tracking)
+
+    parent = start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False,
+                   tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name, "maxout.hpo.storage": where,
+                         "maxout.hpo.worker": WORKER, "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+    with closing(parent):
+        tree = to_dict(cfg)
+        params = config_params(cfg)
+        params.update(flatten({k: v for k, v in tree["hpo"].items() if k != "search_space"}, "hpo"))
+        params.update({f"hpo.search_space.{k}": v for k, v in search_space.describe(specs).items()})
+        params.update({"hpo.storage": where, "hpo.compile_cache_dir": cache,
+                       "hpo.pruner.max_resource": top or "auto", "hpo.report_unit": report_unit(hpo)})
+        parent.log_params(params)
+        parent.log_dict(tree, "config.yaml")
+        print(f"maxout: study {hpo.study_name!r} in {redact(where)}: {finished(study)} finished trials; "
+              f"{len(specs)} hyper-parameters, k_folds={hpo.k_folds}", file=sys.stderr)
+        objective = Objective(overrides, specs, hpo, dataset, folds, device, parent.run_id,
+                              storage_mod.heartbeats(storage), callbacks, progress, base=cfg)
+        try:
+            optimize(study, objective, hpo)
+        finally:  # the summary also lands on a study that stopped on a failed trial
+            best, summary = report.log(parent, study, hpo.metric, hpo.direction, report_unit(hpo))
+        if best is not None:
+            on_best(cfg, best)
+    return StudyResult(hpo.study_name, redact(where), parent.run_id, best, summary)

@@ -1,0 +1,260 @@
+"""From Hydra overrides to a typed, validated Config, with every bad override and value listed at once.
+
+``load(overrides)`` composes ``maxout/conf`` (plus every ``projects/<task>/conf``) with Hydra, resolves
+``hardware=auto`` against the detected device, merges the result onto config.py's dataclasses and checks every
+value. Hydra's and OmegaConf's errors become one-line ConfigErrors that name the bad key or value and what is
+valid. When the composition itself fails, each override is tried on its own, so that every override that breaks
+it is named, not just the first: ``3 problems: ...; ...; ...`` (a single problem keeps its own message and exit
+code; several exit 2 when any of them is a usage error).
+
+The CLI, HPO (once per study and once per trial) and the benchmark load configs through here; the trainer takes a
+Config and never composes one.
+
+Inputs. May import: errors, paths, config, hardware.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import typing
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from hydra import compose as hydra_compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+
+from .config import Config
+from .errors import ConfigError, HardwareError, MaxoutError, collect, combined
+from .paths import CONF_DIR, CPU_BF16_FORCED, CPU_BF16_VAR, group_options, search_path
+
+if TYPE_CHECKING:
+    from . import hardware
+
+
+def load(overrides: Sequence[str] = (), device: Optional[hardware.DeviceInfo] = None,
+         problems: Optional[list] = None) -> Optional[Config]:
+    """The typed config for ``overrides`` on ``device`` (detected when None).
+
+    Every bad override and value is found, not just the first. Without a ``problems`` list they are raised as one
+    error (asking for a GPU profile on a machine without a visible CUDA device is one of them). With a list, they
+    are appended to it and the config is returned as far as it could be built: invalid, or None when no
+    composition succeeded (the CLI then adds the data, model and environment problems it can still tell).
+    """
+    from . import hardware  # lazy: torch (seconds); precheck() must answer without it
+
+    device = device or hardware.detect()
+    found: list[MaxoutError] = _environment()
+    try:
+        cfg: Optional[Config] = _load(list(overrides), device, found)
+    except ConfigError:  # the composition itself failed: find every override that breaks it, keep the rest
+        good = _composable(list(overrides), found)
+        cfg = collect(found, _load, good, device, found)
+    if problems is not None:
+        problems.extend(found)
+        return cfg
+    if found:
+        raise combined(found)
+    return cfg
+
+
+def precheck(overrides: Sequence[str]) -> list[MaxoutError]:
+    """The problems ``overrides`` (and the environment) have on any device, found without importing torch: the
+    config composed as given (``hardware=auto``'s file holds no settings, so the schema's defaults stand in for the
+    profile it will pick), typed and checked. The CLI refuses a typo here, in about a second, before it imports
+    torch, transformers and mlflow (ten); what needs the device (the picked profile, a GPU profile on a CPU) is
+    load()'s."""
+    problems: list[MaxoutError] = _environment()
+    try:
+        to_typed(compose(list(overrides)), problems)
+    except ConfigError:  # the composition itself failed: name every override that breaks it, as load() does
+        good = _composable(list(overrides), problems)
+        collect(problems, lambda: to_typed(compose(good), problems))
+    return problems
+
+
+def _load(overrides: list[str], device: hardware.DeviceInfo, problems: list) -> Config:
+    """Compose, resolve ``hardware=auto``, type; invalid values and the hardware mismatch go to ``problems``."""
+    from . import hardware  # lazy: torch, see load()
+
+    # Which profile is selected? auto.yaml holds no settings, so hardware.* value overrides are left out of
+    # this probe; they apply on top of the picked profile in the real composition below.
+    probe = compose([o for o in overrides if not o.lstrip("+~").startswith("hardware.")])
+    why = ""
+    if probe.hardware.get("name") == "auto":
+        picked, why = hardware.pick_profile(device, hardware.load_profiles())
+        overrides = [o for o in overrides if not o.startswith("hardware=")] + [f"hardware={picked}"]
+    raw = compose(overrides)
+    if why:
+        raw.hardware.description = f"{raw.hardware.get('description', '')} [auto: {why}]".strip()
+    cfg = to_typed(raw, problems)
+    try:
+        hardware.check_profile(cfg.hardware, device)
+    except HardwareError as err:
+        problems.append(err)
+    return cfg
+
+
+def _composable(overrides: list[str], problems: list) -> list[str]:
+    """The overrides that compose, each tried with the group choices (model=..., data=...) that compose."""
+    groups = [o for o in overrides if "." not in o.split("=", 1)[0]]
+    good: list[str] = []
+    for override in groups + [o for o in overrides if o not in groups]:
+        context = [g for g in good if g in groups]
+        if collect(problems, compose, context + [override]) is not None:
+            good.append(override)
+    return good
+
+
+def _environment() -> list[MaxoutError]:
+    """Problems with the environment that hold whatever the config says."""
+    found: list[MaxoutError] = []
+    root = os.environ.get("MAXOUT_ROOT")
+    if root and not Path(root).expanduser().is_dir():
+        found.append(ConfigError(f"MAXOUT_ROOT={root!r} is not a directory; point it at the project root or unset it"))
+    bf16 = os.environ.get(CPU_BF16_VAR, "")
+    if bf16 and bf16 not in CPU_BF16_FORCED:
+        found.append(ConfigError(f"{CPU_BF16_VAR}={bf16!r} is not valid (valid: 0 = no native bf16, "
+                                 f"1 = bf16 as if native, or unset to detect it)"))
+    return found
+
+
+# ------------------------------------------------------------------------------------------ composition
+
+
+def compose(overrides: Sequence[str] = ()) -> Any:
+    """Compose the raw Hydra config (a DictConfig) and translate Hydra's errors into one-line ConfigErrors."""
+    _register_schema()
+    overrides = list(overrides)
+    extra = [f"file://{p}" for p in search_path()]
+    if extra:
+        overrides.append(f"hydra.searchpath=[{','.join(extra)}]")
+    raw = None
+    try:
+        with initialize_config_dir(version_base=None, config_dir=str(CONF_DIR), job_name="maxout"):
+            raw = hydra_compose(config_name="config", overrides=overrides)
+        OmegaConf.resolve(raw)  # an interpolation that points nowhere (${nope}) fails here, by key, not later
+        return raw
+    except MissingConfigException as err:
+        found = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
+        if found:
+            group, name = found.groups()
+            raise ConfigError(f"unknown {group} {name!r} (valid {group} options: "
+                              f"{', '.join(group_options(group))})") from None
+        raise ConfigError(str(err).splitlines()[0]) from None
+    except AssertionError:  # OmegaConf asserts, not raises, when an override sets a key inside a null section
+        culprit = _inside_null_section(overrides)
+        if culprit is None:
+            raise
+        key, section = culprit
+        raise ConfigError(f"{key}: the {section} section is null unless one of its options is selected; add "
+                          f"{section}=NAME before it (valid {section} options: "
+                          f"{', '.join(group_options(section))})") from None
+    except (HydraException, OmegaConfBaseException) as err:
+        first = str(err).splitlines()[0]
+        if isinstance(err, InterpolationResolutionError):  # OmegaConf.resolve's error names no key: find it
+            key = raw is not None and _unresolvable(raw) or "an override"
+            raise ConfigError(f"{key}: {first}; fix the ${{...}} interpolation or quote the value") from None
+        key = re.search(r"Could not override '([^']+)'", first)
+        if key:
+            raise ConfigError(f"unknown config key {key.group(1)!r} in the overrides; "
+                              f"valid keys under '{key.group(1).rsplit('.', 1)[0]}': "
+                              f"{', '.join(_valid_keys(key.group(1)))}") from None
+        merging = re.match(r"Error merging override (\S+?)=(.*)", first)
+        if merging and err.__cause__ is not None:
+            cause = str(err.__cause__).splitlines()[0]
+            raise ConfigError(f"invalid value for {merging.group(1)} in override {merging.group(0)[23:]}: "
+                              f"{cause}") from None
+        raise ConfigError(f"bad override ({first}); overrides look like key=value, e.g. train.lr=3e-5") from None
+
+
+def _unresolvable(node: Any, prefix: str = "") -> Optional[str]:
+    """The dotted key of the first value in ``node`` whose interpolation does not resolve."""
+    listed = OmegaConf.is_list(node)
+    for key in range(len(node)) if listed else node.keys():
+        full = f"{prefix}[{key}]" if listed else f"{prefix}.{key}" if prefix else str(key)
+        try:
+            child = node[key]
+        except InterpolationResolutionError:
+            return full
+        found = _unresolvable(child, full) if OmegaConf.is_config(child) else None
+        if found:
+            return found
+    return None
+
+
+def _inside_null_section(overrides: Sequence[str]) -> Optional[tuple[str, str]]:
+    """(key, section) of the first override that sets a key inside a section the schema leaves null (``hpo``,
+    unless an ``hpo=...`` choice selects it): ``hpo.study_name=x`` on ``maxout train``."""
+    typed = typing.get_type_hints(Config)
+    null = {f.name for f in fields(Config) if f.default is None and _dataclass_in(typed[f.name])}
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+    chosen = {k for k in keys if "." not in k}
+    return next(((k, k.split(".")[0]) for k in keys if "." in k and k.split(".")[0] in null - chosen), None)
+
+
+def _register_schema() -> None:
+    """The dataclasses are the schema (first in config.yaml's defaults list): every field can be overridden
+    even where a YAML file leaves it at its default, and types are checked while composing."""
+    ConfigStore.instance().store(name="maxout_schema", node=Config)
+
+
+def _dataclass_in(hint: Any) -> Optional[type]:
+    """The dataclass behind a field's type hint, also when Optional (the hpo section is null unless selected)."""
+    return next((t for t in (hint, *typing.get_args(hint)) if is_dataclass(t)), None)
+
+
+def _valid_keys(dotted: str) -> list[str]:
+    """The keys valid next to the last part of ``dotted`` (``train.x`` -> TrainConfig's fields)."""
+    cls: Optional[type] = Config
+    for part in dotted.split(".")[:-1]:
+        sub = _dataclass_in(typing.get_type_hints(cls).get(part))
+        if sub is None:
+            break
+        cls = sub
+    return [f.name for f in fields(cls)]
+
+
+def _unknown_key(prefix: str, node: Any, cls: type) -> Optional[str]:
+    """The first key of ``node`` (recursively) that the dataclass ``cls`` does not declare."""
+    hints = typing.get_type_hints(cls)
+    for key in node.keys():
+        if key not in hints:
+            return f"{prefix}.{key}"
+        sub, value = _dataclass_in(hints[key]), node.get(key)
+        found = _unknown_key(f"{prefix}.{key}", value, sub) if sub and hasattr(value, "keys") else None
+        if found:
+            return found
+    return None
+
+
+def to_typed(raw: Any, problems: Optional[list] = None) -> Config:
+    """Merge a composed DictConfig onto the dataclasses; unknown keys, wrong types and bad values fail here.
+    With a ``problems`` list, invalid values are appended to it and the (invalid) Config is returned."""
+    for f in fields(Config):  # `+section.key=...` force-adds past the schema; to_object would drop it silently
+        section = raw.get(f.name)
+        cls = _dataclass_in(typing.get_type_hints(Config)[f.name])
+        extra = _unknown_key(f.name, section, cls) if cls and section is not None else None
+        if extra:
+            raise ConfigError(f"unknown config key '{extra}'; valid keys under '{extra.rsplit('.', 1)[0]}': "
+                              f"{', '.join(_valid_keys(extra))}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), raw)
+        cfg = OmegaConf.to_object(merged)
+        if problems is None:
+            return cfg.validate()
+        problems.extend(cfg.problems())
+        return cfg
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as err:
+        message = str(err).splitlines()[0]
+        key = getattr(err, "full_key", None)
+        if "not in struct" in message.lower() or "Key '" in message:
+            raise ConfigError(f"unknown config key {key!r}; valid keys: "
+                              f"{', '.join(_valid_keys(str(key)))}") from None
+        raise ConfigError(f"invalid value for {key}: {message}") from None

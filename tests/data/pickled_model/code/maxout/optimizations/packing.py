@@ -1,0 +1,195 @@
+"""Padding-free packing (``data.padding=packed``): each micro-batch is one flattened sequence of whole rows, its
+position ids restarting at every row, and batches are formed by a token budget (``data.max_tokens_per_batch``),
+so every step carries about the same work and not one token is padding.
+
+The pieces:
+- ``TokenBudgetSampler``: each epoch, the rows in a seeded random order (the same order length bucketing starts
+  from), cut greedily into batches of at most ``max_tokens`` tokens; the fullest batch goes first (an out-of-memory
+  error shows at step one). The order is a pure function of (seed, epoch), so a resumed run replays it exactly, and
+  ``batches()`` is a plain list that a distributed run can deal out by rank (``batches()[rank::world]``).
+- ``PackedCollator``: transformers' ``DataCollatorWithFlattening`` (input ids, restarting position ids,
+  ``cu_seq_lens`` and ``max_length`` for flash-attention's varlen kernel, ``seq_idx``), plus what it does not
+  carry for classification: one label per row and BERT's token type ids.
+- ``PackedLayout``: where each row sits in the packed sequence; ``serving/pooling.py`` reads it to keep the rows
+  apart in attention and to pool one vector per row.
+
+``supported()`` allows the model types whose attention was checked to keep packed rows apart (tests/test_packing.py:
+the logits of a packed batch equal those of each row alone) on every attention implementation maxout uses:
+flash-attention 2 gets the varlen boundaries; SDPA and eager get a block-diagonal mask (decoders build it from the
+position ids, encoders are handed it). Any other model type falls back to dynamic padding with length bucketing.
+
+Cost note: without flash-attention's varlen kernel (CPU, or SDPA / eager on a GPU) the mask is dense, so attention
+spans the whole packed row, quadratic in the token budget rather than in each row's length.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+from transformers import DataCollatorWithFlattening
+
+from .base import Decision
+from .bucketing import EpochBatchSampler, epoch_order
+
+# Decoders: their causal mask builder (masking_utils) finds packed rows from position ids that restart at 0.
+PACKABLE_DECODERS = ("gemma", "gemma2", "gemma3_text", "llama", "mistral", "qwen2", "qwen3")
+# Encoders: their bidirectional mask ignores position ids, so serving/pooling.py passes a block-diagonal one.
+PACKABLE_ENCODERS = ("bert", "roberta", "xlm-roberta", "electra", "modernbert")
+KEEPS_APART = ("flash_attention_2", "sdpa", "eager")  # varlen boundaries, or a block-diagonal mask
+# Their embeddings number positions from padding_idx + 1, not 0 (see DataCollatorWithFlattening's docstring).
+POSITIONS_AFTER_PAD = ("roberta", "xlm-roberta")
+
+
+def supported(model_type: str, attn_implementation: str) -> tuple[bool, str]:
+    if model_type not in PACKABLE_DECODERS + PACKABLE_ENCODERS:
+        return False, (f"model type {model_type!r} has no checked way to keep packed rows apart in attention "
+                       f"(packable: {', '.join(PACKABLE_DECODERS + PACKABLE_ENCODERS)})")
+    if attn_implementation not in KEEPS_APART:
+        return False, (f"attention {attn_implementation!r} takes neither varlen boundaries nor a block-diagonal "
+                       f"mask")
+    return True, ""
+
+
+def resolve(padding: str, model_type: str, attn_implementation: str) -> Decision:
+    """The ``padding`` decision: packed where the model keeps packed rows apart, else dynamic padding (with length
+    bucketing, which the caller switches on)."""
+    if padding != "packed":
+        return Decision("padding", padding, padding)
+    ok, reason = supported(model_type, attn_implementation)
+    if ok:
+        return Decision("padding", padding, padding)
+    return Decision("padding", padding, "dynamic", reason + " -> dynamic padding with length bucketing")
+
+
+def token_budget(setting: Any, micro_batch: int, lengths: list[int]) -> int:
+    """``data.max_tokens_per_batch``: an int as given; ``auto`` (or unset) = micro-batch x the mean row length, so a
+    step carries as many samples on average as a padded micro-batch does (never less than the longest row)."""
+    if setting in (None, "auto"):
+        return max(round(micro_batch * statistics.fmean(lengths)), max(lengths))
+    return int(setting)
+
+
+def position_start(model_type: str, pad_token_id: Optional[int]) -> int:
+    return (pad_token_id or 0) + 1 if model_type in POSITIONS_AFTER_PAD else 0
+
+
+class TokenBudgetSampler(EpochBatchSampler):
+    """Batches of row indices holding at most ``max_tokens`` tokens each (a row longer than that is its own batch;
+    config validation keeps ``max_tokens >= data.max_length``). With ``world_size > 1`` the epoch's batches are
+    dealt out round-robin (``rank``, ``rank + world_size``, ...), the last ``len % world_size`` left out, so every
+    rank runs the same number of steps; each batch carries about the same tokens, so the ranks stay balanced."""
+
+    def __init__(self, lengths: list[int], max_tokens: int, seed: int, rank: int = 0, world_size: int = 1):
+        super().__init__(lengths, batch_size=1, seed=seed, bucketing=False, rank=rank, world_size=world_size)
+        self.max_tokens = max_tokens
+        self._counts: dict[int, int] = {}  # epoch -> number of batches (the planned steps need every epoch's)
+
+    def batches(self, epoch: Optional[int] = None, rank: Optional[int] = None) -> list[list[int]]:
+        """``rank``'s batches (default: this sampler's) in ``epoch`` (default: the current one)."""
+        every = self._epoch_batches(self.epoch if epoch is None else epoch)
+        if self.world_size == 1:
+            return every
+        kept = len(every) - len(every) % self.world_size
+        return every[(self.rank if rank is None else rank):kept:self.world_size]
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        order, _ = epoch_order(len(self.lengths), self.seed, epoch)
+        batches: list[list[int]] = []
+        current: list[int] = []
+        tokens = 0
+        for i in order:
+            if current and tokens + self.lengths[i] > self.max_tokens:
+                batches.append(current)
+                current, tokens = [], 0
+            current.append(i)
+            tokens += self.lengths[i]
+        if current:
+            batches.append(current)
+        fullest = max(range(len(batches)), key=lambda b: sum(self.lengths[i] for i in batches[b]))
+        batches[0], batches[fullest] = batches[fullest], batches[0]
+        return batches
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        if epoch not in self._counts:
+            self._counts[epoch] = len(self.batches(epoch=epoch))
+        return self._counts[epoch]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches()[self.skip:])
+
+    def __len__(self) -> int:
+        return self.batches_in_epoch(self.epoch)
+
+    def tokens(self, batch: list[int]) -> int:
+        return sum(self.lengths[i] for i in batch)  # packed: no padding
+
+
+@dataclass
+class PackedLayout:
+    """Where each row sits in a packed sequence of ``tokens`` tokens."""
+
+    cu_seq_lens: torch.Tensor  # [rows + 1] int32: row i spans tokens cu_seq_lens[i] .. cu_seq_lens[i + 1] - 1
+    seq_idx: torch.Tensor  # [1, tokens] int32: the row each token belongs to
+    max_length: int  # the longest row (flash-attention's max_length_q / max_length_k)
+
+    def to(self, device: Any, non_blocking: bool = False) -> "PackedLayout":
+        return PackedLayout(self.cu_seq_lens.to(device, non_blocking=non_blocking),
+                            self.seq_idx.to(device, non_blocking=non_blocking), self.max_length)
+
+    def pin_memory(self) -> "PackedLayout":  # the DataLoader's pin_memory calls this on objects that have it
+        return PackedLayout(self.cu_seq_lens.pin_memory(), self.seq_idx.pin_memory(), self.max_length)
+
+    def flash_kwargs(self) -> dict[str, Any]:
+        """The varlen boundaries transformers' flash-attention path takes (FlashAttentionKwargs)."""
+        return {"cu_seq_lens_q": self.cu_seq_lens, "cu_seq_lens_k": self.cu_seq_lens,
+                "max_length_q": self.max_length, "max_length_k": self.max_length}
+
+
+class PackedCollator:
+    """Rows -> one packed micro-batch: ``input_ids`` and ``position_ids`` [1, tokens], ``labels`` [rows],
+    ``packing`` (a PackedLayout), ``token_type_ids`` when the rows have them, and the token counts (all real)."""
+
+    def __init__(self, position_ids_start: int = 0):
+        self.flatten = DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=True,
+                                                  return_seq_idx=True, position_ids_start=position_ids_start)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        flat = self.flatten([{"input_ids": r["input_ids"]} for r in rows], return_tensors="pt")
+        tokens = int(flat["input_ids"].shape[1])
+        batch = {"input_ids": flat["input_ids"], "position_ids": flat["position_ids"],
+                 "labels": torch.tensor([r["labels"] for r in rows], dtype=torch.long),
+                 "packing": PackedLayout(flat["cu_seq_lens_q"], flat["seq_idx"], int(flat["max_length_q"])),
+                 "num_real_tokens": tokens, "num_tokens": tokens}
+        if "token_type_ids" in rows[0]:
+            batch["token_type_ids"] = torch.tensor([[t for r in rows for t in r["token_type_ids"]]])
+        return batch
+
+
+def apply(lengths: list[int], max_tokens: int, seed: int, position_ids_start: int = 0, rank: int = 0,
+          world_size: int = 1) -> tuple[TokenBudgetSampler, PackedCollator]:
+    """The batch sampler (this ``rank``'s share) and the collate function of packed training batches."""
+    return TokenBudgetSampler(lengths, max_tokens, seed, rank, world_size), PackedCollator(position_ids_start)
+
+
+def split(batch: dict[str, Any], rows_per_chunk: int) -> list[tuple[dict[str, Any], float]]:
+    """A packed micro-batch as packed chunks of ``rows_per_chunk`` whole rows, each with its share of the rows (the
+    weight of its mean loss): how out-of-memory recovery (train/oom.py) splits a packed batch."""
+    bounds = batch["packing"].cu_seq_lens.tolist()
+    rows = len(bounds) - 1
+    chunks = []
+    for first in range(0, rows, rows_per_chunk):
+        last = min(first + rows_per_chunk, rows)
+        start, end = bounds[first], bounds[last]
+        cu = torch.tensor([b - start for b in bounds[first:last + 1]], dtype=batch["packing"].cu_seq_lens.dtype)
+        chunk = {"input_ids": batch["input_ids"][:, start:end], "position_ids": batch["position_ids"][:, start:end],
+                 "labels": batch["labels"][first:last],
+                 "packing": PackedLayout(cu, batch["packing"].seq_idx[:, start:end] - first,
+                                         int((cu[1:] - cu[:-1]).max())),
+                 "num_real_tokens": end - start, "num_tokens": end - start}
+        if "token_type_ids" in batch:
+            chunk["token_type_ids"] = batch["token_type_ids"][:, start:end]
+        chunks.append((chunk, (last - first) / rows))
+    return chunks
