@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from maxout.train import checkpointing, resume, sharded_checkpoint
 
@@ -166,6 +167,11 @@ def test_fsdp_shards_are_written_by_each_rank_committed_whole_verified_and_resto
     payload = resume.load_verified(newest)
     assert payload["state"]["step"] == 3 and payload["world_size"] == 2 and len(payload["rng_ranks"]) == 2
     assert "model" not in payload and "optimizer" not in payload  # the weights are in the shards only
+
+    # DCP's own converter makes one file of it (README): the whole model, as it was at step 3
+    dcp_to_torch_save(newest, tmp_path / "full.pt")
+    whole, at_3 = (torch.load(tmp_path / name, weights_only=True)["model"] for name in ("full.pt", "at_3.pt"))
+    assert whole.keys() == at_3.keys() and all(torch.equal(whole[k], v) for k, v in at_3.items())
 
     damaged = tmp_path / "damaged" / "step-00000004.dcp"
     shutil.copytree(newest, damaged)

@@ -16,7 +16,9 @@ replayed after the checkpoint do not log again what the run already has (trackin
 
 Under torchrun every rank plans (same command, same run key), then all take rank 0's choice (``agreed``): the run
 to continue and the checkpoint file, which every rank reads itself (on several nodes ``checkpoint.dir`` must be
-storage they share). A checkpoint resumes only with the number of processes that saved it.
+storage they share). A checkpoint resumes only with the number of processes that saved it (torch.distributed.checkpoint
+could reshard FSDP's weights, but not each rank's data position and RNG states). An FSDP checkpoint is a folder
+(sharded_checkpoint.py): its manifest is verified here, and every rank reads its own shards in ``Plan.restore``.
 """
 
 from __future__ import annotations
@@ -143,7 +145,8 @@ def checkpoint_format(fsdp: bool, sharded: bool, async_save: bool) -> str:
     if fsdp and sharded:
         return ("sharded: each rank's shard via torch.distributed.checkpoint (step-N.dcp/), "
                 + ("asynchronous" if async_save else "synchronous"))
-    why = "checkpoint.sharded=false" if fsdp else "sharded checkpoints are FSDP's (DDP and one process hold the whole state)"
+    why = ("checkpoint.sharded=false" if fsdp else
+           "sharded checkpoints are FSDP's (DDP and one process hold the whole state)")
     return f"one file on rank 0 (step-N.pt): {why}" + ("; checkpoint.async_save is off with it" if async_save else "")
 
 
