@@ -10,6 +10,7 @@ resume=auto to the same weights): tests/test_distributed_e2e.py.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import shutil
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from maxout.train import checkpointing, resume, sharded_checkpoint
 
 from .conftest import TINY
+from .test_faults import tmpfs
 
 FSDP = [*TINY, "train.max_steps=8", "distributed.strategy=fsdp", "hardware.precision=fp32", "train.batch_size=4",
         "train.target_effective_batch=8", "model.dropout=0.0"]
@@ -66,8 +68,8 @@ def _job(rank: int, port: int, directory: str, phase: str, results) -> None:
             model, optimizer = data_parallel.state_dicts(setup.model, setup.optimizer, "fsdp")
             return {"model": model, "optimizer": optimizer}
 
-        def checkpointer(async_save: bool) -> checkpointing.Checkpointer:
-            cc = loading.load([*FSDP, f"checkpoint.dir={root}", f"checkpoint.async_save={async_save}",
+        def checkpointer(async_save: bool, where: Path = root) -> checkpointing.Checkpointer:
+            cc = loading.load([*FSDP, f"checkpoint.dir={where}", f"checkpoint.async_save={async_save}",
                                "checkpoint.keep_last=2"], device=device)
             plan = resume.Plan(cc, "key", "run")
             return plan.checkpointer(setup, NullTracker(), {"selection": best_so_far})[0]
@@ -118,6 +120,20 @@ def _job(rank: int, port: int, directory: str, phase: str, results) -> None:
                            and all(torch.all(t.to_local() == torch.tensor(0.3)).item() for t in best.values())
                            and payload["selection"]["best"] == {"step": 3})
             checkpointer(False).save(TrainState(setup.total_steps, step=6), (0, 12))
+            # A disk too small for the shards (a 4 MiB RAM disk): refused with a warning, on every rank alike, by
+            # DCP's write and by the asynchronous one; nothing half-written stays, and the job goes on.
+            warned: list[str] = []
+            handler = logging.Handler()
+            handler.emit = lambda record: warned.append(record.getMessage())
+            logging.getLogger("maxout").addHandler(handler)
+            small_disk = root / "small-disk"
+            for async_save, at in ((False, 7), (True, 8)):
+                saver = checkpointer(async_save, small_disk)
+                saver.save(TrainState(setup.total_steps, step=at), (0, 14))
+                saver.on_train_end(TrainState(setup.total_steps, step=at))
+            out["warned"] = [w for w in warned if "not written" in w]
+            out["on_small_disk"] = sorted(p.name for p in small_disk.rglob("*") if p.name.startswith((".", "step")))
+            out["went_on"] = world.all_reduce(torch.tensor([1.0])).item()
             results.put((rank, out))
 
 
@@ -185,10 +201,11 @@ def test_fsdp_shards_are_written_by_each_rank_committed_whole_verified_and_resto
     with pytest.raises(checkpointing.Damaged, match="__1_0.distcp is missing"):
         resume.load_verified(damaged)
 
-    procs, results = _spawn(tmp_path, "resume")
-    got = dict(results.get(timeout=600) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=60)
+    with tmpfs(tmp_path / "small-disk", size="4m"):
+        procs, results = _spawn(tmp_path, "resume")
+        got = dict(results.get(timeout=600) for _ in procs)
+        for proc in procs:
+            proc.join(timeout=60)
     # async: the call returned with the write still under way; what it wrote is step 3's state (the copy DCP's
     # stager took), not the next step's, which had changed the weights before the write was waited for
     assert wrote[0]["pending_after_save"] and wrote[1]["pending_after_save"]
@@ -196,3 +213,7 @@ def test_fsdp_shards_are_written_by_each_rank_committed_whole_verified_and_resto
     assert got[0]["keys"] and got[0]["model_equal"] and got[0]["optimizer_equal"]
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]  # the killed job's hidden folder: removed
     assert [p.name for p in checkpointing.checkpoints(run_dir)] == ["step-00000003.dcp", "step-00000006.dcp"]
+    assert len(got[0]["warned"]) == 2 and all("No space left on device" in w and "training goes on" in w
+                                               for w in got[0]["warned"]), "\n".join(got[0]["warned"])
+    assert "step-00000007.dcp" in got[0]["warned"][0] and "step-00000008.dcp" in got[0]["warned"][1]
+    assert got[1]["warned"] == [] and got[0]["on_small_disk"] == [] and got[0]["went_on"] == got[1]["went_on"] == 2

@@ -151,9 +151,8 @@ class ShardedWriter:
             return
         self._written(pending, None)
         errors = self.world.gather(pending.error)  # every rank's part is written (or failed): rank 0 commits
-        if self.world.is_main:
-            failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
-            self._finish(pending, "; ".join(failed) or None)
+        if self.world.is_main:  # DCP's failures reach every rank alike: each distinct reason once
+            self._finish(pending, "; ".join(dict.fromkeys(e for e in errors if e)) or None)
         self.pending = None
 
     def _written(self, pending: _Pending, done: Optional[Future]) -> None:
@@ -181,8 +180,8 @@ class ShardedWriter:
             self._finish(pending, pending.error)
 
     def wait(self) -> None:
-        """Every rank: wait for this rank's write; rank 0 then commits it (waiting up to the job's collective timeout
-        for the other ranks' checksums). Before each save and at the end of training."""
+        """Every rank: wait for this rank's write; rank 0 then commits it (waiting up to half the job's collective
+        timeout for the other ranks' checksums). Before each save and at the end of training."""
         pending = self.pending
         if pending is None:
             return
@@ -211,6 +210,7 @@ class ShardedWriter:
             else:
                 self.committed(final)
                 return
+        error = _full_disk(self.directory, error)  # before the partial files go (they fill the disk)
         shutil.rmtree(pending.folder, ignore_errors=True)
         log.warning("maxout: checkpoint %s not written to %s (%s); training goes on and the checkpoints already "
                     "there are kept: free space there or fix its permissions, or set checkpoint.dir",
@@ -237,6 +237,18 @@ class ShardedWriter:
         for stale in self.directory.glob(f".step-*{SUFFIX}.*"):
             if not stale.name.endswith(self.job):
                 shutil.rmtree(stale, ignore_errors=True)
+
+
+def _full_disk(directory: Path, error: str) -> str:
+    """torch's zip writer reports a full disk as ``unexpected pos ...`` (the OSError is lost inside it): say what it
+    is when the disk has no space left."""
+    try:
+        free = shutil.disk_usage(directory if directory.exists() else directory.parent).free
+    except OSError:
+        return error
+    if "No space left" in error or free >= 1 << 20:
+        return error
+    return f"No space left on device: {free} bytes free; the writer said: {error}"
 
 
 def _reason(err: BaseException) -> str:
