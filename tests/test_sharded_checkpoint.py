@@ -93,7 +93,12 @@ def _job(rank: int, port: int, directory: str, phase: str, results) -> None:
             out["async_returned_s"] = time.perf_counter() - began
             out["pending_after_save"] = saving.writer.pending is not None
             step()  # the weights change while the writer thread writes step 3
-            saving.on_train_end(TrainState(setup.total_steps, step=4))  # waits: step 3 counts from here
+            deadline = time.monotonic() + 120
+            while saving.writer.pending is not None and time.monotonic() < deadline:  # committed at a step end
+                saving.on_step_end(TrainState(setup.total_steps, step=4, batches_in_epoch=2))
+                time.sleep(0.05)
+            out["committed_by_poll"] = saving.writer.pending is None
+            saving.on_train_end(TrainState(setup.total_steps, step=4))  # nothing left to wait for
             results.put((rank, out))
             world.gather(None)
             if rank == 0:
@@ -210,6 +215,7 @@ def test_fsdp_shards_are_written_by_each_rank_committed_whole_verified_and_resto
     # async: the call returned with the write still under way; what it wrote is step 3's state (the copy DCP's
     # stager took), not the next step's, which had changed the weights before the write was waited for
     assert wrote[0]["pending_after_save"] and wrote[1]["pending_after_save"]
+    assert wrote[0]["committed_by_poll"] and wrote[1]["committed_by_poll"]
     assert got[0]["step"] == got[1]["step"] == 3 and got[0]["differed"] and got[0]["best"] and got[1]["best"]
     assert got[0]["keys"] and got[0]["model_equal"] and got[0]["optimizer_equal"]
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]  # the killed job's hidden folder: removed
