@@ -1,12 +1,13 @@
 """FSDP checkpoints written shard by shard (train/sharded_checkpoint.py), with two real gloo processes on CPU.
 
 One job saves synchronously (step 2) and asynchronously (step 3, the weights changing while the writer thread
-writes), then is SIGKILLed while it commits step 5: the folder layout, the manifest (`sha256sum -c` reads it), the
-previous checkpoints still the newest, and a damaged or missing shard found by the checksums. A second job, built
-from another seed, restores step 3 and must hold exactly the state the first job had then (model and optimizer,
-gathered), and its first save removes the hidden folder the killed job left; then a disk too small for the shards
-(a 4 MiB RAM disk) refuses a sync and an async save with one warning each on rank 0, and the job goes on. End to end (torchrun, a rank killed,
-resume=auto to the same weights): tests/test_distributed_e2e.py.
+writes; committed at a step end), then is SIGKILLed while it commits step 5: the folder layout, the manifest
+(`sha256sum -c` reads it; DCP's converter makes one file of it), the previous checkpoints still the newest, and a
+damaged or missing shard found by the checksums. A second job, built from another seed, restores step 3 and must
+hold exactly the state the first job had then (model, optimizer and best weights), and its first save removes the
+hidden folder the killed job left; then a disk too small for the shards (a 4 MiB RAM disk) refuses a sync and an
+async save with one warning each on rank 0, and the job goes on. End to end (torchrun, a rank killed, resume=auto
+to the same weights): tests/test_distributed_e2e.py.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ import logging
 import os
 import random
 import re
-from pathlib import Path
 import shutil
+from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional, Protocol
 
 import numpy as np
@@ -211,7 +211,8 @@ def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: di
                 "eval_metrics": dict(state.eval_metrics), "first_step_s": state.first_step_s,
                 "measured": state.totals.so_far() if state.totals is not None else dict(state.measured)}
     payload = {"format": FORMAT, **meta, "state": counters, "scheduler": setup.scheduler.state_dict(),
-               "scaler": setup.precision.scaler.state_dict(), "rng": rng_states(), **{key: get(state) for key, get in (extras or {}).items()}}
+               "scaler": setup.precision.scaler.state_dict(), "rng": rng_states(),
+               **{key: get(state) for key, get in (extras or {}).items()}}
     if setup.world.size > 1:  # each rank's own: its dropout RNG, and the samples and tokens it trained so far
         ranks = setup.world.gather({"rng": payload["rng"], "measured": counters["measured"]})
         payload["rng_ranks"] = [r["rng"] for r in ranks]
