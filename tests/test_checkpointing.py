@@ -158,3 +158,24 @@ def test_each_checkpoint_has_the_sha256_of_its_bytes_beside_it(tmp_path):
     check = subprocess.run(["sha256sum", "-c", sums.name], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode == 0 and check.stdout.strip() == f"{path.name}: OK"
     assert torch.equal(checkpointing.load_verified(path)["w"], payload["w"])
+
+
+def test_files_and_sharded_folders_are_listed_by_step_and_a_hidden_folder_never_counts(tmp_path):
+    for name in ("step-00000010.pt", "step-00000004.dcp", ".step-00000012.dcp.tmp-0123abcd", "step-00000009.dcp"):
+        (tmp_path / name).mkdir() if "dcp" in name else (tmp_path / name).write_bytes(b"x")
+    assert [p.name for p in checkpointing.checkpoints(tmp_path)] == [
+        "step-00000004.dcp", "step-00000009.dcp", "step-00000010.pt"]  # by step, not by name
+    assert checkpointing.step_of(tmp_path / "step-00000009.dcp") == 9
+    checkpointing.remove(tmp_path / "step-00000004.dcp")
+    assert not (tmp_path / "step-00000004.dcp").exists()
+
+
+@pytest.mark.parametrize("fsdp, sharded, async_save, says", [
+    (True, True, False, "sharded: each rank's shard via torch.distributed.checkpoint (step-N.dcp/), synchronous"),
+    (True, True, True, "sharded: each rank's shard via torch.distributed.checkpoint (step-N.dcp/), asynchronous"),
+    (True, False, False, "one file on rank 0 (step-N.pt): checkpoint.sharded=false"),
+    (False, True, True, "one file on rank 0 (step-N.pt): sharded checkpoints are FSDP's (DDP and one process hold "
+                        "the whole state); checkpoint.async_save is off with it"),
+])
+def test_the_run_says_which_checkpoints_it_writes_and_why_a_setting_is_off(fsdp, sharded, async_save, says):
+    assert resume.checkpoint_format(fsdp, sharded, async_save) == says

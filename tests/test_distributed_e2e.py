@@ -210,7 +210,7 @@ def test_a_lora_decoder_with_last_token_pooling_under_fsdp_gives_ddps_model(tmp_
 def _checkpoint_at(root: Path, job: subprocess.Popen, min_step: int, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if [p for p in root.glob("*/*/step-*.pt") if int(p.stem.split("-")[1]) >= min_step]:
+        if [p for p in root.glob("*/*/step-*") if int(p.stem.split("-")[1]) >= min_step]:  # .pt, or FSDP's .dcp/
             return
         assert job.poll() is None, f"the job ended (rc {job.returncode}) first: {job.stdout.read()[-3000:]}"
         time.sleep(0.02)
@@ -229,8 +229,8 @@ def _rank_pid(job: subprocess.Popen, rank: int) -> int:
 
 def test_a_rank_killed_mid_epoch_fails_the_run_naming_it_and_resume_auto_finishes_the_same_run(
         tmp_path, mlflow_store, micro_8_x_2):
-    """FSDP, so the checkpoint that resumes it is the full state gathered from the shards and loaded back into them;
-    plain torchrun, so rank 0 alone finds out which rank was lost."""
+    """FSDP, so the checkpoint that resumes it is each rank's shard (torch.distributed.checkpoint), read back by each
+    rank; plain torchrun, so rank 0 alone finds out which rank was lost."""
     uri = mlflow_store["uri"]
     args = [*equivalence(tmp_path, "train.batch_size=4", "distributed.strategy=fsdp"), *mlflow_store["overrides"],
             f"tracking.spool_dir={tmp_path / 'spool'}"]

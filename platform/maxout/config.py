@@ -320,10 +320,20 @@ class CheckpointConfig:
     keep_last: int = 2
     dir: Optional[str] = None  # None: paths.checkpoint_dir(); each run under <dir>/<run key>/<run id>/
     log_to_mlflow: bool = False  # also upload each checkpoint to the run's artifacts (checkpoints/)
+    # FSDP only (DDP and one process always write one file): each rank writes its own shard with
+    # torch.distributed.checkpoint into a folder step-N.dcp/ (no full state on rank 0); false: the full state
+    # gathered on rank 0's CPU and written by it as one step-N.pt, as before (a file to copy whole)
+    sharded: bool = True
+    # sharded only: the shards are written by a background thread while training goes on (each rank first copies
+    # its shard in host memory); a checkpoint counts once every rank's shard and the manifest are written
+    async_save: bool = False
 
     def validate(self) -> None:
         _check(self.every_n_steps >= 0, f"checkpoint.every_n_steps={self.every_n_steps} must be >= 0")
         _check(self.keep_last >= 1, f"checkpoint.keep_last={self.keep_last} must be >= 1")
+        _check(self.sharded or not self.async_save,
+               "checkpoint.async_save=true needs checkpoint.sharded=true: only FSDP's sharded checkpoints are "
+               "written in the background (set checkpoint.sharded=true, or checkpoint.async_save=false)")
 
 
 @dataclass

@@ -6,8 +6,10 @@
 - ``fsdp``: FSDP2's ``fully_shard`` on every transformer block (the classes the model lists in
   ``_no_split_modules``) and on the root, so each rank keeps 1/N of the weights, gradients and optimizer state and
   all-gathers a block's weights just before it runs: for models that do not fit one device (a Gemma-2B or
-  DeBERTa-large fine-tune on 24 GB cards). Checkpoints and the logged model use the full (gathered) state dict, so
-  they are the same files as without FSDP. Works on CPU with gloo in torch 2.13 (tested), and on CUDA with NCCL.
+  DeBERTa-large fine-tune on 24 GB cards). Checkpoints hold each rank's shard (``sharded_state_dicts``, written by
+  torch.distributed.checkpoint: train/sharded_checkpoint.py), or with ``checkpoint.sharded=false`` the full state
+  gathered on rank 0; the logged model is always the full state. Works on CPU with gloo in torch 2.13 (tested), and
+  on CUDA with NCCL.
 
 Gradient accumulation: ``gradient_sync(module, last)`` turns the sync off for every backward of an optimizer step
 but the last (DDP's ``no_sync``, FSDP's ``set_requires_gradient_sync``), so gradients cross the network once per
@@ -23,8 +25,8 @@ from typing import Any, ContextManager, Optional
 
 import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+                                                     get_optimizer_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict, set_state_dict)
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -109,6 +111,18 @@ def load_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, m
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_state, options=options)
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
+
+
+def sharded_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """FSDP: this rank's shards of the model and optimizer state (DTensors keyed by parameter name), for
+    torch.distributed.checkpoint to write (each rank its own) or to load into in place. Nothing is gathered."""
+    return get_state_dict(model, optimizers=optimizer)
+
+
+def load_sharded_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict,
+                             optimizer_state: dict) -> None:
+    """The inverse of :func:`sharded_state_dicts`, on every rank (each with the shards it read)."""
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
 
 
 def full_model_state(model: torch.nn.Module) -> dict:

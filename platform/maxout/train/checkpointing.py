@@ -16,9 +16,14 @@ or read-only disk) is a warning: training goes on, and the checkpoints already w
 Several processes (data parallel): saving is a collective, so every rank runs the Checkpointer; rank 0 alone writes.
 The checkpoint holds every rank's RNG states (``rng_ranks``; each rank's dropout differs) and measured counters
 (``measured_ranks``: the samples and tokens each rank trained, so the job's summed totals stay exact after a resume),
-and with FSDP the full model and optimizer state gathered from the shards, so the file is the same as without FSDP.
-Every rank restores from the file rank 0 chose, each with its own RNG states and counters; the data position is per
-rank (each rank's share of the epoch is a pure function of seed, epoch and rank).
+and with FSDP's ``checkpoint.sharded=false`` the full model and optimizer state gathered from the shards, so the file
+is the same as without FSDP. Every rank restores from the checkpoint rank 0 chose, each with its own RNG states and
+counters; the data position is per rank (each rank's share of the epoch is a pure function of seed, epoch and rank).
+
+FSDP (``checkpoint.sharded=true``, the default): no gather; each rank writes its shard with
+torch.distributed.checkpoint into a folder ``step-NNNNNNNN.dcp/`` with a manifest of checksums, committed by an
+atomic rename (sharded_checkpoint.py, which the Checkpointer is handed as its ``writer``). Both kinds are listed,
+kept and removed here alike; DDP and one process always write the one file.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import logging
 import os
 import random
 import re
+import shutil
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional
+from typing import Any, BinaryIO, Callable, Optional, Protocol
 
 import numpy as np
 import torch
@@ -43,7 +49,7 @@ from .setup import Setup
 
 log = logging.getLogger("maxout")
 FORMAT = 1
-NAME = re.compile(r"^step-(\d{8})\.pt$")
+NAME = re.compile(r"^step-(\d{8})\.(pt|dcp)$")  # a file, or a sharded checkpoint's folder (sharded_checkpoint.py)
 
 
 def file_name(step: int) -> str:
@@ -51,10 +57,15 @@ def file_name(step: int) -> str:
 
 
 def checkpoints(directory: Path) -> list[Path]:
-    """Complete checkpoints in ``directory``, oldest first (temp files of an interrupted write are ignored)."""
+    """Complete checkpoints in ``directory``, oldest first (temp files and hidden folders of an interrupted write
+    are ignored)."""
     if not directory.is_dir():
         return []
-    return sorted((p for p in directory.iterdir() if NAME.match(p.name)), key=lambda p: p.name)
+    return sorted((p for p in directory.iterdir() if NAME.match(p.name)), key=lambda p: int(NAME.match(p.name)[1]))
+
+
+def step_of(path: Path) -> int:
+    return int(NAME.match(path.name)[1])
 
 
 def latest(directory: Path) -> Optional[Path]:
@@ -105,19 +116,23 @@ def save_atomic(payload: dict, path: Path) -> Path:
             os.fsync(f.fileno())
         # The checksum goes into place first: a checkpoint never exists without it (a crash in between leaves a
         # checksum without a checkpoint, which nothing reads).
-        _write_small(checksum_file(path), f"{hashing.sha256.hexdigest()}  {path.name}\n")
+        write_small(checksum_file(path), f"{hashing.sha256.hexdigest()}  {path.name}\n")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the renames themselves survive a power cut
-    finally:
-        os.close(dir_fd)
+    fsync_directory(path.parent)  # the renames themselves survive a power cut
     return path
 
 
-def _write_small(path: Path, text: str) -> None:
+def fsync_directory(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_small(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w", encoding="ascii") as f:
@@ -130,6 +145,9 @@ def _write_small(path: Path, text: str) -> None:
 
 
 def remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+        return
     path.unlink(missing_ok=True)
     checksum_file(path).unlink(missing_ok=True)
 
@@ -184,28 +202,33 @@ def _tuples(value: Any) -> Any:
 
 
 def capture(setup: Setup, state: TrainState, position: tuple[int, int], meta: dict,
-            extras: Optional[dict[str, Callable[[TrainState], Any]]] = None) -> dict:
+            extras: Optional[dict[str, Callable[[TrainState], Any]]] = None, weights: bool = True) -> dict:
     """The payload for ``state`` after its step; ``position`` = (epoch, micro-batches consumed in it). ``extras``
-    adds what other callbacks need back on resume (model selection: the best so far), each under its key."""
+    adds what other callbacks need back on resume (model selection: the best so far), each under its key.
+    ``weights=False``: without the model and optimizer state (a sharded checkpoint writes those shard by shard)."""
     counters = {"step": state.step, "epoch": position[0], "batches_in_epoch": position[1],
                 "train_loss": state.train_loss, "loss_sum": float(state.loss_sum), "loss_steps": state.loss_steps,
                 "eval_metrics": dict(state.eval_metrics), "first_step_s": state.first_step_s,
                 "measured": state.totals.so_far() if state.totals is not None else dict(state.measured)}
-    model, optimizer = data_parallel.state_dicts(setup.model, setup.optimizer, _strategy(setup))  # FSDP: gathered
-    payload = {"format": FORMAT, **meta, "state": counters, "model": model, "optimizer": optimizer,
-               "scheduler": setup.scheduler.state_dict(), "scaler": setup.precision.scaler.state_dict(),
-               "rng": rng_states(), **{key: get(state) for key, get in (extras or {}).items()}}
+    payload = {"format": FORMAT, **meta, "state": counters, "scheduler": setup.scheduler.state_dict(),
+               "scaler": setup.precision.scaler.state_dict(), "rng": rng_states(),
+               **{key: get(state) for key, get in (extras or {}).items()}}
     if setup.world.size > 1:  # each rank's own: its dropout RNG, and the samples and tokens it trained so far
         ranks = setup.world.gather({"rng": payload["rng"], "measured": counters["measured"]})
         payload["rng_ranks"] = [r["rng"] for r in ranks]
         payload["measured_ranks"] = [r["measured"] for r in ranks]
+    if weights:  # FSDP: gathered on rank 0
+        payload["model"], payload["optimizer"] = data_parallel.state_dicts(setup.model, setup.optimizer,
+                                                                           _strategy(setup))
     return payload
 
 
 def restore(setup: Setup, payload: dict) -> TrainState:
-    """Load a payload into a freshly built Setup; returns the TrainState that fit() continues from."""
-    data_parallel.load_state_dicts(setup.model, setup.optimizer, payload["model"], payload["optimizer"],
-                                   _strategy(setup))
+    """Load a payload into a freshly built Setup; returns the TrainState that fit() continues from. A sharded
+    checkpoint's model and optimizer were loaded already (sharded_checkpoint.restore)."""
+    if not payload.get("dcp"):
+        data_parallel.load_state_dicts(setup.model, setup.optimizer, payload["model"], payload["optimizer"],
+                                       _strategy(setup))
     setup.scheduler.load_state_dict(payload["scheduler"])
     if payload["scaler"]:
         setup.precision.scaler.load_state_dict(payload["scaler"])
@@ -221,15 +244,30 @@ def _strategy(setup: Setup) -> str:
     return setup.decision("data_parallel").effective
 
 
+class ShardWriter(Protocol):
+    """Writes a checkpoint shard by shard (sharded_checkpoint.ShardedWriter); calls back with each committed one."""
+
+    def save(self, step: int, payload: dict) -> None: ...
+
+    def poll(self) -> None: ...
+
+    def wait(self) -> None: ...
+
+
 class Checkpointer(Callback):
-    """Saves into ``directory`` every N steps and at each epoch end; keeps the last ``keep_last``."""
+    """Saves into ``directory`` every N steps and at each epoch end; keeps the last ``keep_last``. With a
+    ``writer`` (FSDP, checkpoint.sharded) every rank writes its shard through it, else rank 0 writes one file."""
 
     def __init__(self, setup: Setup, tracker: Tracker, cfg: CheckpointConfig, directory: Path, meta: dict,
-                 extras: Optional[dict[str, Callable[[TrainState], Any]]] = None):
+                 extras: Optional[dict[str, Callable[[TrainState], Any]]] = None,
+                 writer: Optional[Callable[["Checkpointer"], ShardWriter]] = None):
         self.setup, self.tracker, self.cfg, self.directory, self.meta = setup, tracker, cfg, directory, meta
         self.extras = extras or {}
+        self.writer = writer(self) if writer else None
 
     def on_step_end(self, state: TrainState) -> None:
+        if self.writer:
+            self.writer.poll()  # an asynchronous checkpoint counts as soon as all of it is written
         every = self.cfg.every_n_steps
         # The last step of an epoch (or of the run) is saved by on_epoch_end, right after its evaluation.
         # len() of the loader is this epoch's count (a token budget packs a different count each epoch).
@@ -240,12 +278,20 @@ class Checkpointer(Callback):
     def on_epoch_end(self, state: TrainState) -> None:
         self.save(state, (state.epoch + 1, 0))  # resumes at the start of the next epoch
 
+    def on_train_end(self, state: TrainState) -> None:
+        if self.writer:
+            self.writer.wait()  # a run never ends with a checkpoint half written
+
     def save(self, state: TrainState, position: tuple[int, int]) -> Optional[Path]:
         """Write the checkpoint of ``state``; None (and a warning) when the disk refuses it. Every rank calls this
-        (gathering FSDP's shards and the ranks' RNG states is a collective); rank 0 writes."""
+        (gathering FSDP's shards and the ranks' RNG states is a collective); rank 0 writes, or with a writer every
+        rank writes its shard (and the path comes later, to ``kept``)."""
         self.setup.divergence.check(self.setup, self.tracker)  # never a diverged state to resume from
         self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
-        payload = capture(self.setup, state, position, self.meta, self.extras)
+        payload = capture(self.setup, state, position, self.meta, self.extras, weights=self.writer is None)
+        if self.writer:
+            self.writer.save(state.step, payload)
+            return None
         if not self.setup.world.is_main:
             return None
         path = self.directory / file_name(state.step)
@@ -256,12 +302,18 @@ class Checkpointer(Callback):
                         "already there are kept: free space there or fix its permissions, or set checkpoint.dir",
                         path.name, self.directory, err.strerror or err)
             return None
+        self.kept(path)
+        return path
+
+    def kept(self, path: Path) -> None:
+        """Rank 0, once checkpoint ``path`` is complete: keep the last ``keep_last``, upload it if asked."""
         for old in checkpoints(self.directory)[:-self.cfg.keep_last]:
             remove(old)
         if self.cfg.log_to_mlflow:
+            files = ([(p, f"checkpoints/{path.name}") for p in sorted(path.iterdir())] if path.is_dir() else
+                     [(path, "checkpoints"), (checksum_file(path), "checkpoints")])
             try:
-                for written in (path, checksum_file(path)):
-                    self.tracker.log_artifact(str(written), "checkpoints")
+                for written, where in files:
+                    self.tracker.log_artifact(str(written), where)
             except Exception as err:  # noqa: BLE001 - an upload failure must not stop training
                 log.warning("maxout: checkpoint %s not uploaded to the run (%s); it is kept locally", path.name, err)
-        return path

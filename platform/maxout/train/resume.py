@@ -16,7 +16,9 @@ replayed after the checkpoint do not log again what the run already has (trackin
 
 Under torchrun every rank plans (same command, same run key), then all take rank 0's choice (``agreed``): the run
 to continue and the checkpoint file, which every rank reads itself (on several nodes ``checkpoint.dir`` must be
-storage they share). A checkpoint resumes only with the number of processes that saved it.
+storage they share). A checkpoint resumes only with the number of processes that saved it (torch.distributed.checkpoint
+could reshard FSDP's weights, but not each rank's data position and RNG states). An FSDP checkpoint is a folder
+(sharded_checkpoint.py): its manifest is verified here, and every rank reads its own shards in ``Plan.restore``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..config import Config, to_dict
 from ..errors import ConfigError, DataError, MaxoutError
 from ..paths import checkpoint_dir, resolve_path
 from ..tracking.tracker import Tracker, fail_if_running
-from . import checkpointing
+from . import checkpointing, sharded_checkpoint
 from .callbacks import Callback, TrainState
 from .distributed import World
 from .setup import Setup
@@ -93,6 +95,8 @@ class Plan:
         """The TrainState to continue from (model, optimizer, RNG restored into ``setup``), or None."""
         if self.checkpoint is None:
             return None
+        if self.payload.get("dcp"):  # every rank reads its own shards (a collective)
+            sharded_checkpoint.restore(setup, self.payload)
         return checkpointing.restore(setup, self.payload)
 
     def checkpointer(self, setup: Setup, tracker: Tracker,
@@ -103,7 +107,14 @@ class Plan:
         directory = self.directory(tracker.run_id)
         meta = {"run_id": self.run_id, "run_key": self.run_key, "data_fingerprint": setup.dataset.fingerprint,
                 "micro_batch": setup.micro_batch, "accum_steps": setup.accum_steps, "world_size": setup.world.size}
-        return [checkpointing.Checkpointer(setup, tracker, self.cfg.checkpoint, directory, meta, extras)]
+        cc, writer = self.cfg.checkpoint, None
+        fsdp = setup.decision("data_parallel").effective == "fsdp"
+        if fsdp and cc.sharded:
+            def writer(saver: checkpointing.Checkpointer) -> sharded_checkpoint.ShardedWriter:
+                return sharded_checkpoint.ShardedWriter(setup, directory, cc.async_save,
+                                                        self.cfg.distributed.timeout_s, saver.kept)
+        tracker.set_tags({"maxout.checkpoint_format": checkpoint_format(fsdp, cc.sharded, cc.async_save)})
+        return [checkpointing.Checkpointer(setup, tracker, cc, directory, meta, extras, writer)]
 
     def model_not_stored(self, err: MaxoutError, total_steps: int) -> MaxoutError:
         """``err`` (the model upload failed after training) plus where the trained weights are, and how to finish
@@ -113,7 +124,7 @@ class Plan:
         if last is None:
             return MaxoutError(f"{err}; no checkpoint keeps the trained weights (checkpoint.enabled=false or none "
                                f"could be written)")
-        step = int(checkpointing.NAME.match(last.name)[1])
+        step = checkpointing.step_of(last)
         where = (f"the trained weights are safe in the final checkpoint {last}" if step >= total_steps else
                  f"the newest checkpoint is {last} (step {step} of {total_steps}; the final one could not be written)")
         return MaxoutError(f"{err}; {where}: when the server is back, run the same command with resume=auto, which "
@@ -127,6 +138,22 @@ class Plan:
             for directory in (self.root, self.root.parent):  # no empty folders left behind
                 if directory.is_dir() and not any(directory.iterdir()):
                     directory.rmdir()
+
+
+def checkpoint_format(fsdp: bool, sharded: bool, async_save: bool) -> str:
+    """The run's ``maxout.checkpoint_format`` tag: what is written, and why a setting that does not apply is off."""
+    if fsdp and sharded:
+        return ("sharded: each rank's shard via torch.distributed.checkpoint (step-N.dcp/), "
+                + ("asynchronous" if async_save else "synchronous"))
+    why = ("checkpoint.sharded=false" if fsdp else
+           "sharded checkpoints are FSDP's (DDP and one process hold the whole state)")
+    return f"one file on rank 0 (step-N.pt): {why}" + ("; checkpoint.async_save is off with it" if async_save else "")
+
+
+def load_verified(path: Path) -> dict:
+    """A checkpoint's payload after its checksums: a sharded folder's small part, or a file's whole payload."""
+    return sharded_checkpoint.load_verified(path) if sharded_checkpoint.is_sharded(path) else \
+        checkpointing.load_verified(path)
 
 
 def plan(cfg: Config, dataset: Any = None) -> Plan:
@@ -160,7 +187,7 @@ def newest_intact(cfg: Config, run_id: str, directory: Path) -> tuple[Path, dict
     damaged: list[str] = []
     for path in reversed(checkpointing.checkpoints(directory)):
         try:
-            payload = checkpointing.load_verified(path)
+            payload = load_verified(path)
         except checkpointing.Damaged as err:
             damaged.append(f"{path.name} ({err})")
             continue
@@ -185,10 +212,16 @@ def agreed(world: World, plan: Plan, dataset: Any = None) -> Plan:
         return plan
     if path is None:
         return Plan(plan.cfg, plan.run_key, run_id)
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise MaxoutError(f"rank {world.rank} cannot read checkpoint {path}, which rank 0 resumes from: put "
                           f"checkpoint.dir on storage that every node shares")
-    return Plan(plan.cfg, plan.run_key, run_id, Path(path), _check_compatible(Path(path), plan.run_key, dataset))
+    try:
+        payload = load_verified(Path(path))
+    except checkpointing.Damaged as err:
+        raise MaxoutError(f"rank {world.rank} cannot read checkpoint {path}, which rank 0 resumes from ({err}): "
+                          f"put checkpoint.dir on storage that every node shares") from None
+    return Plan(plan.cfg, plan.run_key, run_id, Path(path), _check_compatible(Path(path), payload, plan.run_key,
+                                                                               dataset))
 
 
 def _not_found(cfg: Config, key: str) -> str:
