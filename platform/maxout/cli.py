@@ -154,7 +154,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
         print(f"maxout: {promotion.register_run(cfg, args.run_id, client).summary()}")
         return 0
     if args.action == "cleanup-locks":
-        from .registry.lock import cleanup_legacy_locks
+        from .registry.lock import cleanup_legacy_locks  # lazy: mlflow (start-up)
 
         removed = cleanup_legacy_locks(client)
         print(f"maxout: deleted {len(removed)} old promotion lock model(s)" + (f": {', '.join(removed)}" if removed

@@ -148,12 +148,12 @@ class AdvisoryLock(PromotionLock):
         self.conn: Any = None
 
     def _dsn(self) -> str:
-        from sqlalchemy.engine import make_url  # MLflow's own URL parser for its store URIs
+        from sqlalchemy.engine import make_url  # lazy: only PostgreSQL stores; MLflow's own parser for store URIs
 
         return make_url(self.uri).set(drivername="postgresql").render_as_string(hide_password=False)
 
     def acquire(self) -> None:
-        import psycopg2
+        import psycopg2  # lazy: only PostgreSQL stores need the driver
         from psycopg2 import errors
 
         try:
@@ -395,6 +395,9 @@ class TagLock(PromotionLock):
                     return
                 self._withdraw()
                 self.owner = _owner()
+                if time.monotonic() > deadline:
+                    raise self._timed_out("others: this process kept stalling past registry.lock_ttl_s="
+                                          f"{self.ttl_s:g}s and was broken each time")
         except BaseException:
             self._withdraw()
             raise
@@ -440,6 +443,10 @@ class TagLock(PromotionLock):
             if self._lease_left() < self.ttl_s * 0.75:
                 self._beat()
             self._sleep(len(ahead))
+
+    def _sleep(self, queue: int = 1) -> None:
+        # Never longer than a quarter of the TTL: a waiter must beat in time, or the others break it.
+        time.sleep(min(self.poll_s * max(queue, 1), 2.0, self.ttl_s / 4) * (0.5 + random.random()))
 
     def _break(self, owner: str, ticket: str, age_s: float) -> None:
         print(f"maxout: breaking the stale promotion lock ticket {ticket} of {self.name} (owner {owner}, unchanged "
