@@ -5,9 +5,13 @@ and bad input leaving no half-written state. Candidates are real logged models w
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -179,6 +183,42 @@ def test_a_dead_holders_sqlite_lock_is_freed_by_the_kernel_at_once(store):
     assert offer(store, cfg, 0.9).promoted
     assert time.monotonic() - started < 10  # no TTL to wait out
     assert state(store, "killed-model")["lock"] == []
+
+
+PROBE = """
+import errno, fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, int(sys.argv[2]), 1, 0))
+    print("got it")
+except OSError as err:
+    print(errno.errorcode[err.errno])
+"""
+
+
+def test_the_sqlite_lock_excludes_a_process_of_another_uid_that_can_write_the_store():
+    """The lock is on the database file itself, so any user who can write the store (a container's user on a
+    mounted store, a colleague's group-writable one) meets it; no lock file's mode can shut anyone out."""
+    if os.geteuid() != 0:
+        pytest.fail("this test switches to uid 65534 and needs root (the test machines and CI run as root)")
+    tmp_path = Path(tempfile.mkdtemp(prefix="maxout-shared-store-"))  # pytest's tmp_path is root's alone (0700)
+    tmp_path.chmod(0o1777)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = registry_client.connect(uri)
+    (tmp_path / "mlflow.db").chmod(0o666)
+    lock = registry_lock.promotion_lock(client, "shared-model", timeout_s=1)
+
+    def probe() -> str:
+        return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", PROBE, str(tmp_path / "mlflow.db"), str(lock.offset)],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        with lock:
+            assert probe() == "EAGAIN"  # held by root: uid 65534 waits
+        assert probe() == "got it"
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_the_lock_comes_from_the_store():
