@@ -1,7 +1,7 @@
-"""Hold a promotion lock in a process of its own: ``python -m tests.lock_holder URI NAME [tags]``.
+"""Hold a promotion lock in a process of its own: ``python -m tests.lock_holder URI NAME``.
 
-Prints ``held`` once it holds the lock, then holds it until its stdin closes (release), or until it is killed (a
-dead holder). ``tags`` takes the tracking-server lock (TagLock) whatever the store."""
+Prints ``held OWNER`` once it holds the store's lock, then holds it until its stdin closes (release), or until it
+is killed (a dead holder)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ from maxout.registry import lock as registry_lock
 if __name__ == "__main__":
     uri, name = sys.argv[1], sys.argv[2]
     client = registry_client.connect(uri)
-    if sys.argv[3:] == ["tags"]:
-        lock = registry_lock.TagLock(client, name, ttl_s=600, timeout_s=60, poll_s=0.2)
-    else:
-        lock = registry_lock.promotion_lock(client, name, ttl_s=600, timeout_s=60)
+    lock = registry_lock.promotion_lock(client, name, ttl_s=600, timeout_s=60)
     with lock:
         print("held", lock.owner, flush=True)
         sys.stdin.read()

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 from mlflow.exceptions import MlflowException
 
@@ -142,25 +143,21 @@ def test_a_registration_that_cannot_succeed_creates_nothing(store):
 
 
 class Holder:
-    """A promotion lock held by another process (tests/lock_holder.py): ``release()`` lets go, ``kill()`` dies."""
+    """A promotion lock held by another process (tests/lock_holder.py) until ``kill()``: a holder that dies."""
 
-    def __init__(self, uri: str, name: str, *mode: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.lock_holder", uri, name, *mode], cwd=ROOT,
+    def __init__(self, uri: str, name: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.lock_holder", uri, name], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         assert line.startswith("held "), line
         self.owner = line.split()[1]
-
-    def release(self) -> None:
-        self.proc.stdin.close()
-        assert self.proc.wait(timeout=60) == 0
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=60)
 
 
-def test_a_promotion_that_times_out_on_the_lock_leaves_no_version_and_nothing_of_the_lock(store):
+def test_a_promotion_that_times_out_on_the_lock_leaves_nothing_and_a_dead_holders_lock_is_freed_at_once(store):
     cfg = cfg_for(store, "busy-model", lock_timeout_s=1.0)
     offer(store, cfg, 0.5)
     before = state(store, "busy-model")
@@ -171,18 +168,12 @@ def test_a_promotion_that_times_out_on_the_lock_leaves_no_version_and_nothing_of
             offer(store, cfg, 0.9)  # would be champion
         assert state(store, "busy-model") == before
     finally:
-        holder.release()
-    assert offer(store, cfg, 0.9).version == 3  # version 2 was deleted; numbers are never reused
-
-
-def test_a_dead_holders_sqlite_lock_is_freed_by_the_kernel_at_once(store):
-    cfg = cfg_for(store, "killed-model", lock_timeout_s=20.0)
-    offer(store, cfg, 0.5)
-    Holder(store["uri"], "killed-model").kill()  # SIGKILL while holding: no release ran
+        holder.kill()  # SIGKILL while holding: no release runs, the kernel frees the lock
     started = time.monotonic()
-    assert offer(store, cfg, 0.9).promoted
+    outcome = offer(store, cfg_for(store, "busy-model", lock_timeout_s=20.0), 0.9)
+    assert outcome.promoted and outcome.version == 3  # version 2 was deleted; numbers are never reused
     assert time.monotonic() - started < 10  # no TTL to wait out
-    assert state(store, "killed-model")["lock"] == []
+    assert state(store, "busy-model")["lock"] == []
 
 
 PROBE = """
@@ -204,8 +195,9 @@ def test_the_sqlite_lock_excludes_a_process_of_another_uid_that_can_write_the_st
     tmp_path = Path(tempfile.mkdtemp(prefix="maxout-shared-store-"))  # pytest's tmp_path is root's alone (0700)
     tmp_path.chmod(0o1777)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = registry_client.connect(uri)
+    MlflowClient(tracking_uri=uri).search_experiments()  # creates the store (connect() would also make it global)
     (tmp_path / "mlflow.db").chmod(0o666)
+    client = MlflowClient(tracking_uri=uri)
     lock = registry_lock.promotion_lock(client, "shared-model", timeout_s=1)
 
     def probe() -> str:
@@ -232,13 +224,17 @@ def test_the_lock_comes_from_the_store():
     assert -2 ** 63 <= registry_lock.advisory_key("nli") < 2 ** 63
 
 
+def tag_lock(store, name: str, ttl_s: float = 600, timeout_s: float = 30) -> registry_lock.TagLock:
+    return registry_lock.TagLock(store["client"], name, ttl_s=ttl_s, timeout_s=timeout_s, poll_s=0.1)
+
+
 def test_the_tag_lock_breaks_a_dead_holders_stale_ticket_and_leaves_no_tag(store, capsys):
     client = store["client"]
     offer(store, cfg_for(store, "orphan-model"), 0.5)
-    dead = Holder(store["uri"], "orphan-model", "tags")
-    dead.kill()  # its ticket stays: nothing frees a tag
-    assert lock_leftovers(client, "orphan-model") == [f"maxout.lock.{dead.owner}", f"maxout.lock.{dead.owner}.beat"]
-    live = registry_lock.TagLock(client, "orphan-model", ttl_s=1.0, timeout_s=30.0, poll_s=0.1)
+    dead = tag_lock(store, "orphan-model")
+    dead.acquire()  # ...and never released, as if its process had been killed: nothing frees a tag
+    assert lock_leftovers(client, "orphan-model") == [dead.key, dead.key + ".beat"]
+    live = tag_lock(store, "orphan-model", ttl_s=1.0)
     started = time.monotonic()
     with live:
         assert time.monotonic() - started >= 1.0  # only after the TTL, on the waiter's own clock
@@ -247,21 +243,21 @@ def test_the_tag_lock_breaks_a_dead_holders_stale_ticket_and_leaves_no_tag(store
     assert lock_leftovers(client, "orphan-model") == []
     assert f"breaking the stale promotion lock ticket 1 of orphan-model (owner {dead.owner}, unchanged for 1s)" \
         in capsys.readouterr().err
+    with pytest.raises(MaxoutError, match="promotion lock of 'orphan-model' was broken while held"):
+        dead.check()  # the broken holder finds out before any write
 
 
 def test_the_tag_lock_waits_for_a_live_holder_and_times_out_naming_it(store):
     client = store["client"]
     offer(store, cfg_for(store, "tagbusy-model"), 0.5)
-    holder = Holder(store["uri"], "tagbusy-model", "tags")  # refreshes nothing while holding, TTL 600 s
-    try:
-        waiter = registry_lock.TagLock(client, "tagbusy-model", ttl_s=600, timeout_s=1.0, poll_s=0.1)
+    holder = tag_lock(store, "tagbusy-model")
+    with holder:
+        waiter = tag_lock(store, "tagbusy-model", timeout_s=1.0)
         with pytest.raises(MaxoutError, match=rf"timed out after 1s waiting for the promotion lock of 'tagbusy-model'"
                                               rf" \(registered-model tags\), held by {holder.owner} \(ticket 1\)"):
             waiter.acquire()
-        assert lock_leftovers(client, "tagbusy-model") == [f"maxout.lock.{holder.owner}",
-                                                           f"maxout.lock.{holder.owner}.beat"]  # the waiter's gone
-    finally:
-        holder.release()
+        assert lock_leftovers(client, "tagbusy-model") == [holder.key, holder.key + ".beat"]  # the waiter's gone
+        holder.check()
     assert lock_leftovers(client, "tagbusy-model") == []
 
 
@@ -317,7 +313,7 @@ def test_a_holder_that_lost_its_lock_writes_no_champion_and_restores_the_challen
                                           tags=registry_promotion.version_tags(run_id, "eval/macro_f1", 0.9,
                                                                                "maximize", "fp", "cpu"))
     before = state(store, "stalled-model")
-    lock = registry_lock.TagLock(client, "stalled-model", ttl_s=120, timeout_s=10, poll_s=0.1)
+    lock = tag_lock(store, "stalled-model")
     lock.acquire()
     client.delete_registered_model_tag("stalled-model", lock.key)  # what a waiter does to a stale ticket
     with pytest.raises(MaxoutError, match="promotion lock of 'stalled-model' was broken while held"):

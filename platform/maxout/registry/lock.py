@@ -399,7 +399,7 @@ class TagLock(PromotionLock):
                     raise self._timed_out("others: this process kept stalling past registry.lock_ttl_s="
                                           f"{self.ttl_s:g}s and was broken each time")
         except BaseException:
-            self._withdraw()
+            self.release()  # never raises: the error that got us here is the one reported
             raise
 
     def _enter(self, deadline: float, seen: dict) -> bool:
