@@ -93,6 +93,8 @@ ANYWHERE = {
                           {"metric": "eval/loss", "direction": "minimize", "name": "nli", "run_id": "abc"}),
     "registry rollback": (["registry", "rollback", "--tracking-uri", "sqlite:///r.db", "nli"],
                           {"tracking_uri": "sqlite:///r.db", "name": "nli"}),
+    "registry cleanup-locks": (["registry", "cleanup-locks", "--tracking-uri", "sqlite:///r.db"],
+                               {"tracking_uri": "sqlite:///r.db", "action": "cleanup-locks"}),
     "tracking replay": (["tracking", "replay", "a.jsonl", "--tracking-uri", "sqlite:///r.db", "b.jsonl"],
                         {"tracking_uri": "sqlite:///r.db", "spool": ["a.jsonl", "b.jsonl"]}),
 }

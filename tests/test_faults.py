@@ -29,7 +29,7 @@ import pytest
 import torch
 from mlflow.entities import Metric, Param
 
-from maxout import cli, config, loading
+from maxout import cli, loading
 from maxout.errors import MaxoutError
 from maxout.registry import client as registry_client
 from maxout.tracking import spool
@@ -37,6 +37,7 @@ from maxout.train import Callback, checkpointing, resume, train
 
 from .conftest import ROOT, runs_in
 from .test_checkpointing import STEPS, CrashAt, history, small, small_data
+from .test_registry import lock_leftovers
 from .test_reliability_e2e import Server
 
 TINY = ["hardware=cpu", "model=tiny", "train.max_steps=2", "train.epochs=1", "train.log_every=1"]
@@ -81,7 +82,7 @@ def test_train_hpo_and_registry_commands_starting_together_on_a_new_store_then_o
     versions = client.search_model_versions("name='race'")
     assert len(versions) == 6  # each wave: both trains and the study's best trial, registered once each
     assert int(client.get_registered_model("race").aliases["champion"]) in {int(v.version) for v in versions}
-    assert not client.search_model_versions(f"name='race{config.LOCK_SUFFIX}'")  # every lock ticket released
+    assert lock_leftovers(client, "race") == []  # the locks left nothing in the registry
     assert not (tmp_path / "mlflow.db.lock").exists()
 
 
@@ -589,7 +590,7 @@ def test_a_signal_at_each_phase_ends_the_run_killed_with_its_checkpoints_intact(
     if phase == "registration":  # all or nothing: no version, no lock ticket left
         client = registry_client.connect(mlflow_store["uri"])
         assert not client.search_model_versions("name='signals'")
-        assert not client.search_model_versions(f"name='signals{config.LOCK_SUFFIX}'")
+        assert lock_leftovers(client, "signals") == []  # no lock model, no lock tag
     folders = list((tmp_path / "ckpt").glob("*/*"))
     for checkpoint in [p for folder in folders for p in checkpointing.checkpoints(folder)]:
         checkpointing.load_verified(checkpoint)  # intact, whatever the moment

@@ -1,23 +1,32 @@
 """The registry library against a real (temporary SQLite) MLflow store: promotion only when better, direction-aware,
-the champion history behind rollback, the promotion lock (timeouts, stale tickets), and bad input leaving no
-half-written state. Candidates are real logged models without artifacts (cheap); test_registry_e2e.py trains."""
+the champion history behind rollback, the promotion locks (timeouts, dead and stale holders, old-style lock models),
+and bad input leaving no half-written state. Candidates are real logged models without artifacts (cheap); test_registry_e2e.py trains."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
+from mlflow.exceptions import MlflowException
 
-from maxout import cli, config
+from maxout import cli
 from maxout.registry import client as registry_client
 from maxout.registry import lock as registry_lock
 from maxout.registry import promotion as registry_promotion
 from maxout.config import Config, RegistryConfig, TrackingConfig
 from maxout.errors import MaxoutError
 
-from .conftest import runs_in
+from .conftest import ROOT, runs_in
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +59,26 @@ def offer(store, cfg: Config, value: float) -> registry_promotion.Outcome:
                                                    client=store["client"])
 
 
+def lock_leftovers(client, name: str) -> list[str]:
+    """What a promotion lock could leave in the registry: lock tags on NAME, and any model but NAME whose name
+    starts with it (the old lock's NAME.lock, or anything new)."""
+    try:
+        tags = [k for k in client.get_registered_model(name).tags if k.startswith(registry_lock.TAG_PREFIX)]
+    except MlflowException as err:
+        assert registry_client.missing(err), err
+        tags = []
+    others = [m.name for m in client.search_registered_models(max_results=1000)
+              if m.name.startswith(name) and m.name != name]
+    return sorted(tags + others)
+
+
 def state(store, name: str) -> dict:
-    """Everything promotion can change: versions with their tags, aliases, history, live lock tickets."""
+    """Everything promotion can change: versions with their tags, aliases, history, what the lock left."""
     client = store["client"]
     model = client.get_registered_model(name)
-    tickets = []
-    if name + config.LOCK_SUFFIX in {m.name for m in client.search_registered_models()}:
-        tickets = [v.version for v in client.search_model_versions(f"name='{name}{config.LOCK_SUFFIX}'")]
     return {"versions": {int(v.version): dict(v.tags) for v in client.search_model_versions(f"name='{name}'")},
             "aliases": {a: int(v) for a, v in model.aliases.items()},
-            "history": model.tags.get(registry_client.HISTORY_TAG), "tickets": sorted(int(t) for t in tickets)}
+            "history": model.tags.get(registry_client.HISTORY_TAG), "lock": lock_leftovers(client, name)}
 
 
 def test_champion_moves_only_to_a_strictly_better_version_and_every_version_is_challenger(store):
@@ -79,7 +98,7 @@ def test_champion_moves_only_to_a_strictly_better_version_and_every_version_is_c
         assert tags["maxout.data_fingerprint"] == "fp-test" and tags["maxout.hardware_profile"] == "cpu"
         run = store["client"].get_run(tags["maxout.run_id"])  # the run says why, too
         assert run.data.tags["maxout.promotion"] == reason and run.data.tags["maxout.registry.version"] == str(version)
-        assert now["tickets"] == []  # the lock is released after every promotion
+        assert now["lock"] == []  # the lock leaves nothing in the registry
     assert json.loads(state(store, "f1-model")["history"]) == [1, 4]
     mv = store["client"].get_model_version("f1-model", "4")
     assert mv.source.startswith("models:/m-")  # the logged model, not a runs:/ path
@@ -111,7 +130,7 @@ def test_promote_by_hand_and_rollback_walk_the_champion_history(store):
     with pytest.raises(MaxoutError, match="has no previous champion to roll back to"):
         registry_promotion.rollback(client, "history-model")
     assert state(store, "history-model") == before  # a refused rollback changes nothing
-    assert before["aliases"] == {"champion": 1, "challenger": 3} and before["tickets"] == []
+    assert before["aliases"] == {"champion": 1, "challenger": 3} and before["lock"] == []
 
 
 def test_a_registration_that_cannot_succeed_creates_nothing(store):
@@ -123,43 +142,129 @@ def test_a_registration_that_cannot_succeed_creates_nothing(store):
     assert "never-created" not in {m.name for m in client.search_registered_models()}
 
 
-def test_a_promotion_that_times_out_on_the_lock_leaves_no_version_and_no_ticket(store):
-    client = store["client"]
+class Holder:
+    """A promotion lock held by another process (tests/lock_holder.py) until ``kill()``: a holder that dies."""
+
+    def __init__(self, uri: str, name: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.lock_holder", uri, name], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith("held "), line
+        self.owner = line.split()[1]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=60)
+
+
+def test_a_promotion_that_times_out_on_the_lock_leaves_nothing_and_a_dead_holders_lock_is_freed_at_once(store):
     cfg = cfg_for(store, "busy-model", lock_timeout_s=1.0)
     offer(store, cfg, 0.5)
     before = state(store, "busy-model")
-    holder = registry_lock.PromotionLock(client, "busy-model", ttl_s=600)  # a live holder (keeps its lease)
-    holder.acquire()
+    holder = Holder(store["uri"], "busy-model")  # a live holder in another process
     try:
-        with pytest.raises(MaxoutError, match=r"timed out after 1s waiting for the promotion lock of 'busy-model', "
-                                              r"held by .*:\d+:"):
+        with pytest.raises(MaxoutError, match=r"timed out after 1s waiting for the promotion lock of 'busy-model' "
+                                              r"\(SQLite file lock\), held by another process using .*mlflow.db"):
             offer(store, cfg, 0.9)  # would be champion
-        after = state(store, "busy-model")
-        assert after["tickets"] == [holder.ticket]  # only the holder's ticket
-        assert {k: v for k, v in after.items() if k != "tickets"} == {k: v for k, v in before.items() if k != "tickets"}
+        assert state(store, "busy-model") == before
     finally:
-        holder.release()
-    assert state(store, "busy-model")["tickets"] == []
-    assert offer(store, cfg, 0.9).version == 3  # version 2 was deleted; numbers are never reused
+        holder.kill()  # SIGKILL while holding: no release runs, the kernel frees the lock
+    started = time.monotonic()
+    outcome = offer(store, cfg_for(store, "busy-model", lock_timeout_s=20.0), 0.9)
+    assert outcome.promoted and outcome.version == 3  # version 2 was deleted; numbers are never reused
+    assert time.monotonic() - started < 10  # no TTL to wait out
+    assert state(store, "busy-model")["lock"] == []
 
 
-def test_a_dead_holders_stale_ticket_is_broken(store, capsys):
+PROBE = """
+import errno, fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, int(sys.argv[2]), 1, 0))
+    print("got it")
+except OSError as err:
+    print(errno.errorcode[err.errno])
+"""
+
+
+def test_the_sqlite_lock_excludes_a_process_of_another_uid_that_can_write_the_store():
+    """The lock is on the database file itself, so any user who can write the store (a container's user on a
+    mounted store, a colleague's group-writable one) meets it; no lock file's mode can shut anyone out."""
+    if os.geteuid() != 0:
+        pytest.fail("this test switches to uid 65534 and needs root (the test machines and CI run as root)")
+    tmp_path = Path(tempfile.mkdtemp(prefix="maxout-shared-store-"))  # pytest's tmp_path is root's alone (0700)
+    tmp_path.chmod(0o1777)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).search_experiments()  # creates the store (connect() would also make it global)
+    (tmp_path / "mlflow.db").chmod(0o666)
+    client = MlflowClient(tracking_uri=uri)
+    lock = registry_lock.promotion_lock(client, "shared-model", timeout_s=1)
+
+    def probe() -> str:
+        return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                               "-c", PROBE, str(tmp_path / "mlflow.db"), str(lock.offset)],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        with lock:
+            assert probe() == "EAGAIN"  # held by root: uid 65534 waits
+        assert probe() == "got it"
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_the_lock_comes_from_the_store():
+    def kind(uri: str) -> str:
+        return type(registry_lock.promotion_lock(SimpleNamespace(_registry_uri=uri, tracking_uri=uri), "m")).__name__
+
+    assert kind("sqlite:////tmp/x/mlflow.db") == kind("sqlite:///mlflow.db") == "FileRangeLock"
+    assert kind("postgresql://u:p@db:5432/mlflow") == kind("postgresql+psycopg2://u@db/mlflow") == "AdvisoryLock"
+    assert kind("http://127.0.0.1:5000") == kind("https://mlflow.example") == kind("sqlite://") == "TagLock"
+    assert registry_lock.advisory_key("nli") == registry_lock.advisory_key("nli") != registry_lock.advisory_key("nlj")
+    assert -2 ** 63 <= registry_lock.advisory_key("nli") < 2 ** 63
+
+
+def tag_lock(store, name: str, ttl_s: float = 600, timeout_s: float = 30) -> registry_lock.TagLock:
+    return registry_lock.TagLock(store["client"], name, ttl_s=ttl_s, timeout_s=timeout_s, poll_s=0.1)
+
+
+def test_the_tag_lock_breaks_a_dead_holders_stale_ticket_and_leaves_no_tag(store, capsys):
     client = store["client"]
-    cfg = cfg_for(store, "orphan-model", lock_ttl_s=1.0, lock_timeout_s=30.0)
-    offer(store, cfg, 0.5)
-    dead = registry_lock.PromotionLock(client, "orphan-model")
-    dead.acquire()  # ...and never released, as if its process had been killed
-    time.sleep(1.5)  # older than lock_ttl_s on the store's clock
-    outcome = offer(store, cfg, 0.9)
-    assert outcome.promoted and state(store, "orphan-model")["tickets"] == []
-    assert f"breaking the stale promotion lock ticket {dead.ticket} of orphan-model.lock" in capsys.readouterr().err
+    offer(store, cfg_for(store, "orphan-model"), 0.5)
+    dead = tag_lock(store, "orphan-model")
+    dead.acquire()  # ...and never released, as if its process had been killed: nothing frees a tag
+    assert lock_leftovers(client, "orphan-model") == [dead.key, dead.key + ".beat"]
+    live = tag_lock(store, "orphan-model", ttl_s=1.0)
+    started = time.monotonic()
+    with live:
+        assert time.monotonic() - started >= 1.0  # only after the TTL, on the waiter's own clock
+        live.check()
+        assert lock_leftovers(client, "orphan-model") == [live.key, live.key + ".beat"]
+    assert lock_leftovers(client, "orphan-model") == []
+    assert f"breaking the stale promotion lock ticket 1 of orphan-model (owner {dead.owner}, unchanged for 1s)" \
+        in capsys.readouterr().err
+    with pytest.raises(MaxoutError, match="promotion lock of 'orphan-model' was broken while held"):
+        dead.check()  # the broken holder finds out before any write
+
+
+def test_the_tag_lock_waits_for_a_live_holder_and_times_out_naming_it(store):
+    client = store["client"]
+    offer(store, cfg_for(store, "tagbusy-model"), 0.5)
+    holder = tag_lock(store, "tagbusy-model")
+    with holder:
+        waiter = tag_lock(store, "tagbusy-model", timeout_s=1.0)
+        with pytest.raises(MaxoutError, match=rf"timed out after 1s waiting for the promotion lock of 'tagbusy-model'"
+                                              rf" \(registered-model tags\), held by {holder.owner} \(ticket 1\)"):
+            waiter.acquire()
+        assert lock_leftovers(client, "tagbusy-model") == [holder.key, holder.key + ".beat"]  # the waiter's gone
+        holder.check()
+    assert lock_leftovers(client, "tagbusy-model") == []
 
 
 def test_bad_registry_config_is_a_one_line_usage_error_before_any_run(mlflow_store, capsys):
     from .conftest import TINY
 
     cases = {"registry.name=team/model": "registry.name='team/model' is invalid",
-             "registry.name=x.lock": "names ending in '.lock' are maxout's promotion locks",
              "registry.direction=up": "registry.direction='up' (valid: maximize, minimize)"}
     for override, message in cases.items():
         assert cli.main(["train", *TINY, *mlflow_store["overrides"], override]) == 2
@@ -208,12 +313,45 @@ def test_a_holder_that_lost_its_lock_writes_no_champion_and_restores_the_challen
                                           tags=registry_promotion.version_tags(run_id, "eval/macro_f1", 0.9,
                                                                                "maximize", "fp", "cpu"))
     before = state(store, "stalled-model")
-    lock = registry_lock.PromotionLock(client, "stalled-model")
+    lock = tag_lock(store, "stalled-model")
     lock.acquire()
-    client.delete_model_version("stalled-model.lock", str(lock.ticket))  # what a waiter does to a stale ticket
+    client.delete_registered_model_tag("stalled-model", lock.key)  # what a waiter does to a stale ticket
     with pytest.raises(MaxoutError, match="promotion lock of 'stalled-model' was broken while held"):
         registry_promotion.promote_if_better(client, "stalled-model", version, 0.9, "eval/macro_f1", "maximize", lock)
     lock.release()
     after = state(store, "stalled-model")
     assert after["aliases"] == before["aliases"] == {"champion": 1, "challenger": 1}  # challenger was put back
-    assert after["history"] == before["history"] and after["tickets"] == []
+    assert after["history"] == before["history"] and after["lock"] == []
+
+
+def old_style_lock(client, name: str, tickets: int = 2) -> None:
+    """NAME.lock exactly as releases before this one left it: a model tagged maxout.lock_for, one version per
+    ticket (a promoter that crashed, or queued, under the old code)."""
+    client.create_registered_model(name + ".lock", tags={"maxout.lock_for": name},
+                                   description=f"maxout's promotion lock for {name!r}: each live version is a ticket "
+                                               f"(the lowest holds the lock). Safe to ignore.")
+    for _ in range(tickets):
+        client.create_model_version(name + ".lock", source="maxout-lock:///" + name,
+                                    tags={"maxout.lock.owner": "old-host:1:deadbeef"}, await_creation_for=0)
+
+
+def test_old_style_lock_models_are_deleted_on_first_use_and_by_cleanup_locks(store, capsys):
+    client = store["client"]
+    cfg = cfg_for(store, "legacy-model")
+    old_style_lock(client, "legacy-model")
+    old_style_lock(client, "elsewhere-model")
+    client.create_registered_model("mine.lock")  # a user's own model that ends in .lock: never touched
+    names = {m.name for m in client.search_registered_models()}
+    assert {"legacy-model.lock", "elsewhere-model.lock", "mine.lock"} <= names
+    assert offer(store, cfg, 0.9).promoted  # first use under the new lock: its NAME.lock goes
+    assert "maxout: deleted legacy-model.lock, the registered model older maxout releases kept their promotion " \
+           "lock in" in capsys.readouterr().err
+    names = {m.name for m in client.search_registered_models()}
+    assert "legacy-model.lock" not in names and "elsewhere-model.lock" in names
+    assert not client.search_model_versions("name='legacy-model.lock'")
+    assert cli.main(["registry", "cleanup-locks", "--tracking-uri", store["uri"]]) == 0
+    assert capsys.readouterr().out.strip() == "maxout: deleted 1 old promotion lock model(s): elsewhere-model.lock"
+    names = {m.name for m in client.search_registered_models()}
+    assert not [n for n in names if n.endswith(".lock") and n != "mine.lock"] and "mine.lock" in names
+    assert cli.main(["registry", "cleanup-locks", "--tracking-uri", store["uri"]]) == 0
+    assert capsys.readouterr().out.strip() == "maxout: deleted 0 old promotion lock model(s)"

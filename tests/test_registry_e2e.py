@@ -16,12 +16,13 @@ import pandas as pd
 import pytest
 import requests
 
-from maxout import cli, config
+from maxout import cli
 from maxout.registry import client as registry_client
 
 from .conftest import MLFLOW_VARS, ROOT, TINY
 from .services import free_port, mlflow_server, stop, wait_http
-from .test_registry import candidate
+from .test_registry import candidate, lock_leftovers
+from .test_registry_race import race
 
 pytestmark = pytest.mark.slow
 NAME = "nli-tiny"
@@ -52,9 +53,9 @@ def server(env, tmp_path_factory):
 def snapshot(client, name: str) -> dict:
     model = client.get_registered_model(name)
     versions = {v.version: dict(v.tags) for v in client.search_model_versions(f"name='{name}'")}
-    tickets = [v.version for v in client.search_model_versions(f"name='{name}{config.LOCK_SUFFIX}'")]
     return {"versions": versions, "aliases": {a: int(v) for a, v in model.aliases.items()},
-            "history": json.loads(model.tags.get(registry_client.HISTORY_TAG, "[]")), "tickets": tickets}
+            "history": json.loads(model.tags.get(registry_client.HISTORY_TAG, "[]")),
+            "lock": lock_leftovers(client, name)}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_two_trainings_only_the_better_is_champion_and_both_were_challenger(trai
         assert client.get_model_version(NAME, str(version)).source == run.data.tags["maxout.model_uri"]
     expected = ("champion: eval/loss" if best == 2 else "kept v1: eval/loss")
     assert tags[2]["maxout.promotion"].startswith(expected), tags[2]["maxout.promotion"]
-    assert second["tickets"] == []
+    assert second["lock"] == []
 
 
 def fresh_rows(n: int, seed: int) -> pd.DataFrame:
@@ -212,30 +213,6 @@ def test_served_champion_answers_rows_without_text_like_maxout_predict(served):
     assert emptied.status_code == 200 and all(a["label"] in ("0", "1") for a in emptied.json()["predictions"])
 
 
-def test_eight_concurrent_promoters_leave_exactly_one_champion_the_best(server):
-    """Separate processes through one tracking server; each offers a different value at the same moment."""
-    client = registry_client.connect(server)
-    store = {"client": client, "experiment": client.create_experiment("race")}
-    values = [0.61, 0.74, 0.55, 0.83, 0.70, 0.79, 0.66, 0.58]
-    candidates = [[*candidate(store, v), v] for v in values]
-    proc = subprocess.run([sys.executable, "-m", "tests.registry_race", server, "race", json.dumps(candidates)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["exitcodes"] == [0] * 8 and len(result["pids"]) == 8
-    assert not [o for o in result["outcomes"] if "error" in o], result["outcomes"]
-    state = snapshot(client, "race")
-    value_of = {int(v): float(t["maxout.metric_value"]) for v, t in state["versions"].items()}
-    assert sorted(value_of.values()) == sorted(values)  # every promoter registered exactly one version
-    champion = state["aliases"]["champion"]
-    assert value_of[champion] == max(values)  # exactly one champion (one alias), and it is the best
-    assert state["aliases"]["challenger"] == 8 and state["tickets"] == []
-    # Serialized: each champion in the history beat the one before it, and said so against that very version.
-    history = state["history"]
-    assert history[-1] == champion and all(value_of[a] < value_of[b] for a, b in zip(history, history[1:]))
-    reasons = {int(v): t["maxout.promotion"] for v, t in state["versions"].items()}
-    assert reasons[history[0]].startswith("champion: first champion")
-    for before, after in zip(history, history[1:]):
-        assert reasons[after].endswith(f"(was v{before})"), reasons
-    promoted = sorted(v for v, r in reasons.items() if r.startswith("champion:"))
-    assert promoted == sorted(history)  # no promotion was lost to a concurrent write
+def test_eight_concurrent_promoters_through_a_server_leave_exactly_one_champion_the_best(server):
+    """Separate processes through one tracking server (the tag lock); each offers a different value at once."""
+    race(server)

@@ -153,6 +153,13 @@ def cmd_registry(args: argparse.Namespace) -> int:
         cfg.registry.validate()
         print(f"maxout: {promotion.register_run(cfg, args.run_id, client).summary()}")
         return 0
+    if args.action == "cleanup-locks":
+        from .registry.lock import cleanup_legacy_locks  # lazy: mlflow (start-up)
+
+        removed = cleanup_legacy_locks(client)
+        print(f"maxout: deleted {len(removed)} old promotion lock model(s)" + (f": {', '.join(removed)}" if removed
+                                                                                else ""))
+        return 0
     if args.action == "promote":
         outcome = promotion.promote(client, args.name, args.version)
     else:
@@ -419,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("version", type=int)
     a = actions.add_parser("rollback", parents=[tracking_uri], help="champion back to the previous champion")
     a.add_argument("name")
+    actions.add_parser("cleanup-locks", parents=[tracking_uri],
+                       help="delete the NAME.lock models in which older maxout releases kept the promotion lock")
     p.set_defaults(func=cmd_registry)
 
     p = sub.add_parser("hpo", help="hyper-parameter search: an Optuna study as nested MLflow runs (hpo=default)")

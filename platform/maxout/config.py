@@ -45,9 +45,8 @@ PER_CLASS_METRIC = re.compile(rf"^eval/({'|'.join(PER_CLASS_SCORES)})/(.+)$")
 SELECT_LAST = "last"  # train.select_best: the last evaluation's weights (no selection)
 KEEP_BEST_IN = ("auto", "memory", "disk")
 DIRECTIONS = ("maximize", "minimize")
-# Registered-model names end up in models:/NAME@alias URIs; NAME + LOCK_SUFFIX is the name's promotion lock.
+# Registered-model names end up in models:/NAME@alias URIs.
 REGISTRY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
-LOCK_SUFFIX = ".lock"
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("hyperband", "none")
 LOG_MODELS = ("best", "all", "none")
@@ -291,8 +290,10 @@ class RegistryConfig:
     name: Optional[str] = None  # registered model name; set it to register after `maxout train` / `maxout hpo`
     metric: str = "eval/macro_f1"  # champion only moves to a version that beats it on this metric
     direction: str = "maximize"
-    lock_timeout_s: float = 300.0  # how long a promoter waits for the promotion lock
-    lock_ttl_s: float = 120.0  # a lock ticket not refreshed for this long belongs to a dead process: broken
+    lock_timeout_s: float = 300.0  # how long a promoter waits for the promotion lock (every store)
+    # A holder must finish within this; on a tracking server a ticket unchanged this long is broken, on PostgreSQL
+    # the server ends a lock session idle this long; SQLite's lock is freed by the kernel, so it has no TTL.
+    lock_ttl_s: float = 120.0
 
     def validate(self) -> None:
         _check(self.direction in DIRECTIONS, f"registry.direction={one_of(self.direction, DIRECTIONS)}")
@@ -307,8 +308,6 @@ def check_registry_name(name: Optional[str]) -> None:
     _check(bool(REGISTRY_NAME.match(name or "")),
            f"registry.name={name!r} is invalid: use 1-200 letters, digits, '_', '.' or '-', starting with a letter "
            f"or digit")
-    _check(not (name or "").endswith(LOCK_SUFFIX),
-           f"registry.name={name!r} is invalid: names ending in {LOCK_SUFFIX!r} are maxout's promotion locks")
 
 
 @dataclass

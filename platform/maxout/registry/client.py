@@ -13,7 +13,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from ..config import LOCK_SUFFIX, Config
+from ..config import Config
 from ..errors import MaxoutError
 from ..tracking.store import check_reachable, ensure_schema, resolve_uri
 
@@ -21,6 +21,7 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 LOGGED_MODEL_URI = re.compile(r"^models:/(m-[0-9a-f]+)$")  # what log_model returns in MLflow 3
 HISTORY_TAG = "maxout.champion_history"
 PROMOTION_TAG = "maxout.promotion"
+LEGACY_LOCK_SUFFIX = ".lock"  # older releases kept the promotion lock of NAME in a registered model NAME.lock
 
 
 def connect(uri: str) -> MlflowClient:
@@ -120,7 +121,8 @@ def all_versions(client: MlflowClient, name: str) -> list:
 
 
 def is_lock(model: Any) -> bool:
-    return model.name.endswith(LOCK_SUFFIX) and "maxout.lock_for" in (model.tags or {})
+    """An old-style lock model (lock.remove_legacy_lock deletes them); a user's own NAME.lock has no such tag."""
+    return model.name.endswith(LEGACY_LOCK_SUFFIX) and "maxout.lock_for" in (model.tags or {})
 
 
 def champion_history(model: Any) -> list[int]:

@@ -9,11 +9,12 @@ MLflow 3 deprecates stages, so maxout uses aliases (``models:/NAME@champion``):
 - the registered model's tag ``maxout.champion_history`` lists the champions in order, so ``rollback`` knows
   which version was champion before.
 
-Every alias change runs under the registry's promotion lock (lock.py), so concurrent promoters never race.
+Every alias change runs under the registry's promotion lock (lock.py: taken from the store, leaving nothing in
+the registry), so concurrent promoters never race.
 
 Registration is all-or-nothing: a version is created with all its tags in one call (one store transaction), and
 if promotion fails afterwards (lock timeout, a store error) the aliases and history are restored and the new
-version is deleted, so no version is left without its promotion and no lock ticket is left behind. A tracking
+version is deleted, so no version is left without its promotion, and the lock is released. A tracking
 server that stops answering during registration is one line that says how to register the run later
 (``maxout registry register NAME RUN_ID``, ``register_run``): the run and its model are kept.
 """
@@ -35,7 +36,7 @@ from ..errors import ConfigError, MaxoutError, first_line
 from ..tracking.spool import unreachable
 from .client import (CHALLENGER, CHAMPION, LOGGED_MODEL_URI, PROMOTION_TAG, check_ready, client_for,
                      ensure_registered_model, exists, model_version, registered_model, all_versions)
-from .lock import AliasTransaction, PromotionLock
+from .lock import AliasTransaction, PromotionLock, promotion_lock
 
 
 
@@ -173,7 +174,7 @@ def register_and_promote(run_id: str, model_uri: str, metric_value: float, cfg: 
     try:
         version = register(client, reg.name, model_uri, run_id=run_id, tags=tags)
         try:
-            with PromotionLock(client, reg.name, ttl_s=reg.lock_ttl_s, timeout_s=reg.lock_timeout_s) as lock:
+            with promotion_lock(client, reg.name, ttl_s=reg.lock_ttl_s, timeout_s=reg.lock_timeout_s) as lock:
                 return promote_if_better(client, reg.name, version, float(metric_value), reg.metric, reg.direction,
                                          lock, run_id=run_id)
         except BaseException:
@@ -260,7 +261,7 @@ def promote(client: MlflowClient, name: str, version: int) -> Outcome:
     target = model_version(client, name, str(version))
     check_ready(client, getattr(target, "model_id", None), f"{name} v{target.version}")
     version = int(target.version)
-    with PromotionLock(client, name) as lock:
+    with promotion_lock(client, name) as lock:
         tx = AliasTransaction(client, name)
         was = tx.before[CHAMPION]
         if was == version:
@@ -276,7 +277,7 @@ def promote(client: MlflowClient, name: str, version: int) -> Outcome:
 def rollback(client: MlflowClient, name: str) -> Outcome:
     """Move ``champion`` back to the champion before the current one (from ``maxout.champion_history``)."""
     registered_model(client, name)
-    with PromotionLock(client, name) as lock:
+    with promotion_lock(client, name) as lock:
         tx = AliasTransaction(client, name)
         current = tx.before[CHAMPION]
         history = list(tx.history)
