@@ -61,8 +61,9 @@ def requirements() -> list[str]:
                                           "safetensors")) if r]
 
 
-def log_model(model_dir: str, example: Optional[pd.DataFrame] = None) -> Any:
-    """Log ``model_dir`` (see inference.save) as the run's pyfunc model; returns MLflow's ModelInfo."""
+def log_model(model_dir: str, example: Optional[pd.DataFrame] = None, name: str = "model") -> Any:
+    """Log ``model_dir`` (see inference.save) as the run's pyfunc model named ``name`` (a valid MLflow model name:
+    tracking.datasets.model_name); returns MLflow's ModelInfo."""
     signature = None
     if example is not None:
         predictor = Predictor.from_dir(model_dir, device="cpu")
@@ -72,6 +73,6 @@ def log_model(model_dir: str, example: Optional[pd.DataFrame] = None) -> Any:
     # The base weights, in the MLmodel file too: a registry pull names the exact Hub commit it was tuned from.
     base = {f"maxout.{key}": meta[key] for key in ("base_model", "base_commit") if meta.get(key)}
     return mlflow.pyfunc.log_model(
-        name="model", python_model=TextClassifier(), artifacts={"model": str(model_dir)},
+        name=name, python_model=TextClassifier(), artifacts={"model": str(model_dir)},
         code_paths=[str(PACKAGE_DIR)], signature=signature, input_example=example, pip_requirements=requirements(),
         metadata=base or None)
