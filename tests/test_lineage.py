@@ -107,7 +107,7 @@ def test_the_champion_names_the_data_that_trained_it(mlflow_store, small_data):
     the same three datasets in every run, each model named after its run and scored on its datasets, and the
     champion's training data found from ``models:/lineage@champion`` alone."""
     store = mlflow_store["overrides"]
-    assert cli.main(["train", *TINY[:-1], *small_data, *store, "tracking.run_name=first: v0.1 'baseline'",
+    assert cli.main(["train", *TINY, *small_data, *store, "tracking.run_name=\"first: v0.1 'baseline'\"",
                      "registry.name=lineage", "--no-progress"]) == 0
     hpo_study.run(["hardware=cpu", "model=tiny", "hpo=default", "train.epochs=1", "hpo.n_trials=2",
                    "hpo.pruner.name=none", "hpo.sampler.seed=7", *small_data, *store,

@@ -111,6 +111,7 @@ def test_a_format_1_journal_still_replays(tmp_path):
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "eval/accuracy")] == [(3, 0.5)]
 
 
+@pytest.mark.slow  # two starts of a real server: ~30 s on a busy 2-core machine
 def test_model_scores_and_inputs_survive_an_outage_and_its_replay(tmp_path):
     """A real `mlflow server` that goes away before the logged model's scores are sent, and comes back: the
     replayed journal gives the model its scores with their dataset (what the Models tab and search_logged_models
