@@ -49,7 +49,8 @@ run: install
 	@echo "Browse the run: make ui   (MLflow UI on http://127.0.0.1:5000; the store: ./mlflow.db and ./mlruns)"
 
 ## test: the whole suite, slow end-to-end tests included (what CI runs); as root it first installs the Docker
-##   engine, debootstrap and Compose that tests/test_mlflow_run.py and the compose check use, if missing
+##   engine, debootstrap and Compose that tests/test_mlflow_run.py and the compose check use, and chromium (the
+##   browser test, tests/test_ui_browser.py), if missing
 test: install
 	docker/install-engine.sh
 	$(BIN)/python -m pytest -q --durations=25

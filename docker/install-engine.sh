@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What the Docker tests need, installed when missing (`make test` and CI run this first; it needs root, and does
 # nothing without it): Debian's docker.io (dockerd and a docker client), debootstrap (the CPU stand-in's base
-# image, `make image-base-cpu`), and the Docker Compose v2 plugin for `docker compose ... config`. Debian 12 ships
-# only Compose v1, so the plugin comes from Debian 13's docker-compose package: one Go binary that needs only libc,
-# downloaded with its own apt source list (verified against Debian's archive keys) and unpacked, not installed.
+# image, `make image-base-cpu`), and the Docker Compose v2 plugin for `docker compose ... config`; and Debian's
+# chromium, for the browser test of the MLflow UI (tests/test_ui_browser.py). Debian 12 ships only Compose v1, so
+# the plugin comes from Debian 13's docker-compose package: one Go binary that needs only libc, downloaded with its
+# own apt source list (verified against Debian's archive keys) and unpacked, not installed.
 set -euo pipefail
 
 if [ "$(id -u)" != 0 ]; then
@@ -14,6 +15,7 @@ fi
 missing=()
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v chromium >/dev/null || missing+=(chromium)  # tests/test_ui_browser.py: the MLflow UI in a real browser
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"

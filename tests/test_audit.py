@@ -15,7 +15,7 @@ import pytest
 from maxout import cli, loading
 from maxout.insight import audit, breakdown, levers
 from maxout.tracking.tracker import closing, start
-from maxout.train import Callback, prepare, train
+from maxout.train import Callback, lineage, prepare, train
 
 from .conftest import TINY, runs_in
 
@@ -158,6 +158,17 @@ def test_audit_of_a_slow_config_finds_its_levers_and_recommends_a_faster_one(mlf
     trained = sorted((r for r in runs if r.data.tags.get("maxout.command") == "audit-run"),
                      key=lambda r: int(r.data.tags["maxout.audit.position"]))
     speed = [r.data.metrics["perf/steady_samples_per_s"] for r in trained]
+    # Every training run of the audit reads the same MLflow datasets: the training split a `maxout train` of this
+    # config logs (same name and digest), and the validation split's first rows, a dataset of their own.
+    full = prepare.check(loading.load(SLOW, device=cpu_device)).dataset
+    expected = {i.context: (i.name, i.digest) for i in lineage.data_inputs(loading.load(SLOW), full)}
+    inputs = {tuple(sorted((i.tags[0].value, (i.dataset.name, i.dataset.digest)) for i in r.inputs.dataset_inputs))
+              for r in trained}
+    assert len(inputs) == 1
+    used = dict(next(iter(inputs)))
+    assert used["training"] == expected["training"]
+    assert used["validation"][0] == expected["validation"][0] and used["validation"][1] != expected["validation"][1]
+    assert used["validation"][1].startswith(full.fingerprint)
     assert [r.info.run_id for r in trained] == [r["run_id"] for r in report["runs"]]
     for lever in (r for r in report["levers"] if r["status"] == "measured"):
         child = children[lever["run_id"]]

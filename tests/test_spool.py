@@ -4,6 +4,7 @@ when acknowledgements were lost."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -13,6 +14,7 @@ from mlflow.entities import Metric, Param, RunTag
 
 from maxout import cli
 from maxout.tracking import spool
+from maxout.tracking.datasets import DataInput
 
 from .services import free_port
 
@@ -92,3 +94,60 @@ def test_fail_fast_http_settings_hold_while_any_thread_still_needs_them(monkeypa
     with spool.fail_fast_http({retries: "0"}):
         assert os.environ[retries] == "3"
     assert os.environ[retries] == "3"
+
+
+VALIDATION = DataInput("demo-validation", "0123456789abcdef", "validation", "data/validation.csv", 4, ("text", "label"))
+
+
+def test_a_format_1_journal_still_replays(tmp_path):
+    """A journal written before model scores and inputs existed (four-item metrics, header format 1)."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    client = mlflow.MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("old")).info.run_id
+    path = tmp_path / f"{run_id}.jsonl"
+    path.write_text(json.dumps({"spool": 1, "run_id": run_id, "tracking_uri": store}) + "\n"
+                    + json.dumps({"seq": 1, "metrics": [["eval/accuracy", 0.5, 1_700_000_000_000, 3]]}) + "\n")
+    assert spool.replay(path, store) == 1
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "eval/accuracy")] == [(3, 0.5)]
+
+
+@pytest.mark.slow  # two starts of a real server: ~30 s on a busy 2-core machine
+def test_model_scores_and_inputs_survive_an_outage_and_its_replay(tmp_path):
+    """A real `mlflow server` that goes away before the logged model's scores are sent, and comes back: the
+    replayed journal gives the model its scores with their dataset (what the Models tab and search_logged_models
+    show), and the run's history keeps the one point it had."""
+    from maxout.config import TrackingConfig
+    from maxout.tracking import tracker as tracker_mod
+    from .test_reliability_e2e import Server
+
+    server = Server(tmp_path)
+    url = server.start()
+    try:
+        cfg = TrackingConfig(backend="mlflow", uri=url, experiment_name="scores", system_metrics=False,
+                             spool_dir=str(tmp_path / "spool"))
+        run = tracker_mod.start(cfg, run_name="scored run")
+        run.log_inputs([VALIDATION])
+        run.log_metrics({"eval/accuracy": 0.75, "eval/loss": 0.5}, step=3)
+        run.flush()
+        client = mlflow.MlflowClient(url)
+        experiment = client.get_run(run.run_id).info.experiment_id
+        model = client.create_logged_model(experiment, name="scored-run", source_run_id=run.run_id)
+        assert run._sender.deliver()
+        server.stop()
+        run.log_metrics({"eval/accuracy": 0.75, "eval/loss": 0.5}, model_id=model.model_id, dataset=VALIDATION)
+        run.close()  # the server is away: the scores and the run's end wait in the journal
+        [left] = (tmp_path / "spool").glob("*.jsonl")
+        assert any(len(m) == 7 for r in spool.Spool(left).pending() for m in r.get("metrics", []))
+        server.start()
+        assert spool.replay(left, url) == 2
+        [logged] = client.search_logged_models([experiment])
+        scores = {m.key: (m.value, m.step, m.dataset_name, m.dataset_digest) for m in logged.metrics}
+        assert scores == {"eval/accuracy": (0.75, 3, "demo-validation", "0123456789abcdef"),
+                          "eval/loss": (0.5, 3, "demo-validation", "0123456789abcdef")}
+        assert [(m.step, m.value) for m in client.get_metric_history(run.run_id, "eval/accuracy")] == [(3, 0.75)]
+        [given] = client.get_run(run.run_id).inputs.dataset_inputs
+        assert (given.dataset.name, given.dataset.digest, given.tags[0].value) == (
+            "demo-validation", "0123456789abcdef", "validation")
+        assert client.get_run(run.run_id).info.status == "FINISHED"
+    finally:
+        server.stop()

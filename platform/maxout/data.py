@@ -147,6 +147,19 @@ class Table:
         return Table(pick(self.texts), pick(self.pairs) if self.pairs is not None else None, pick(self.labels))
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where one split's rows come from, for its lineage (the MLflow dataset a run logs as its input): the file as
+    configured, and which of its rows ("" every row; else e.g. "a stratified split of data.validation_split=0.1, ...")."""
+
+    path: str
+    rows: str = ""
+
+
+SPLITS = ("train", "validation", "test")
+DIGEST_LIMIT = 36  # what MLflow stores of a dataset digest
+
+
 @dataclass
 class Dataset:
     train: Table
@@ -155,10 +168,25 @@ class Dataset:
     fingerprint: str  # content hash of the files + column choice, to tag models and cache results
     dropped: dict = field(default_factory=dict)  # data.on_missing=drop: {"train": n, "validation": n} rows left out
     test: Optional[Table] = None  # data.test_path: scored once with the selected model, never used to select it
+    origins: dict = field(default_factory=dict)  # split -> Origin; a split missing here has no known file
 
     @property
     def num_labels(self) -> int:
         return len(self.label_names)
+
+    def split(self, name: str) -> Optional[Table]:
+        return {"train": self.train, "validation": self.validation, "test": self.test}[name]
+
+    def digest(self, split: str) -> str:
+        """The identity of one split: the fingerprint of the data (every file, the column choice), plus a short
+        hash of which rows when the split is only part of its file (a split-off validation set, a fold, the
+        audit's first rows), so that two different tables never share a digest."""
+        origin = self.origins.get(split)
+        if origin is None or not origin.rows:
+            return self.fingerprint
+        part = hashlib.sha256(f"{split}|{origin.rows}".encode()).hexdigest()
+        digest = f"{self.fingerprint}-{part[:8]}"
+        return digest if len(digest) <= DIGEST_LIMIT else hashlib.sha256(digest.encode()).hexdigest()[:16]
 
 
 def text_columns(cfg: DataConfig) -> list[str]:
@@ -258,6 +286,7 @@ def load(cfg: DataConfig) -> Dataset:
     label_ids = {name: i for i, name in enumerate(label_names)}
     train = _table(train_df, cfg, label_ids, cfg.train_path)
     paths = [cfg.train_path]
+    origins = {"train": Origin(cfg.train_path)}
     if cfg.validation_path:
         val_df = read_table(cfg.validation_path, cfg.format, text_columns=text_columns(cfg))
         if val_df.empty:
@@ -266,14 +295,19 @@ def load(cfg: DataConfig) -> Dataset:
         val_df, dropped_rows["validation"] = _without_empty_cells(val_df, cfg, cfg.validation_path)
         validation = _table(val_df, cfg, label_ids, cfg.validation_path)
         paths.append(cfg.validation_path)
+        origins["validation"] = Origin(cfg.validation_path)
     else:
         train, validation = stratified_split(train, cfg.validation_split, cfg.split_seed)
+        split = f"a stratified split of data.validation_split={cfg.validation_split:g}, data.split_seed={cfg.split_seed}"
+        origins["train"] = Origin(cfg.train_path, f"the rest after {split}")
+        origins["validation"] = Origin(cfg.train_path, split)
     test = None
     if cfg.test_path:
         test = _test_table(cfg, label_ids, dropped_rows)
         paths.append(cfg.test_path)
+        origins["test"] = Origin(cfg.test_path)
     return Dataset(train, validation, label_names, _fingerprint(paths, cfg),
-                   dropped_rows if cfg.on_missing == "drop" else {}, test)
+                   dropped_rows if cfg.on_missing == "drop" else {}, test, origins)
 
 
 def _test_table(cfg: DataConfig, label_ids: dict[str, int], dropped_rows: dict) -> Table:

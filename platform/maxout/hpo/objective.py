@@ -236,7 +236,7 @@ class Objective:
         value = finite(result.metrics[self.hpo.metric], self.hpo.metric)
         model_uri = result.model_uri
         if wanted and self.hpo.log_models == "best" and self._beats_best(trial, value):
-            model_uri = log_model(result.setup, child)
+            model_uri = log_model(result.setup, child, result.metrics)  # and its scores (train/lineage.py)
         if model_uri:
             trial.set_user_attr("model_uri", model_uri)
         return value

@@ -46,7 +46,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from .. import hardware, loading, modeling
 from ..config import Config
-from ..data import Dataset
+from ..data import Dataset, Origin
 from ..errors import ConfigError, Terminated, first_line
 from ..hardware import DeviceInfo
 from ..optimizations import accumulation, named
@@ -179,9 +179,14 @@ class _Auditor:
         checked = prepare.check(self.cfg)  # data, model, tracking store: before any run exists
         full: Dataset = checked.dataset
         self.tokenizer = checked.tokenizer
-        self.dataset = Dataset(full.train, full.validation.subset(list(range(min(len(full.validation),
-                                                                                  VALIDATION_ROWS)))),
-                               full.label_names, full.fingerprint)
+        kept = min(len(full.validation), VALIDATION_ROWS)
+        origins, validation = dict(full.origins), full.origins.get("validation")
+        if validation is not None and kept < len(full.validation):
+            origins["validation"] = Origin(validation.path, f"{validation.rows}; " * bool(validation.rows)
+                                           + f"the first {kept} rows")
+        # The same train split as the runs it is about (same MLflow dataset); the validation split is its first rows.
+        self.dataset = Dataset(full.train, full.validation.subset(list(range(kept))), full.label_names,
+                               full.fingerprint, origins=origins)
         self.micro_batch, _ = batch_finder.resolve(self.cfg, device, full, self.tokenizer, verbose=False)
         self.accumulation = accumulation.plan(cfg.train.target_effective_batch, self.micro_batch)[0]
         model_config = modeling.build_config(cfg.model, full.label_names, len(self.tokenizer))

@@ -95,7 +95,8 @@ class _PyfuncFlavor:
 
 
 def log_model(model_dir: str, example: Optional[pd.DataFrame] = None, name: str = "model") -> Any:
-    """Log ``model_dir`` (see inference.save) as the active run's pyfunc model ``name``; returns MLflow's ModelInfo.
+    """Log ``model_dir`` (see inference.save) as the active run's pyfunc model ``name`` (a valid MLflow model name:
+    tracking.datasets.model_name); returns MLflow's ModelInfo.
     ``example``: the input example stored with it (``inference.synthetic_example``, or real rows; None: none). The
     signature comes from the model's declared columns and classes, so nothing is loaded or predicted here."""
     meta = read_meta(model_dir)

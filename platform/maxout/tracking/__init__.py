@@ -6,6 +6,7 @@
 - ``preflight.py``: the store and artifact-store checks made before a run exists
 - ``spool.py``: the write-ahead journal that keeps a run's writes through a server outage, and replay
 - ``params.py``: the param naming scheme (``cfg.*``, ``device.*``), one flatten for every run
+- ``datasets.py``: a run's dataset inputs and its logged model's name, as plain values (no mlflow import)
 - ``redact.py``: credentials never reach params, tags or logs
 
 This ``__init__`` imports nothing: ``from maxout.tracking import redact`` must not load mlflow.

@@ -10,21 +10,27 @@ a password) is redacted before it becomes a param or tag. The model is logged as
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import mlflow
 import requests
-from mlflow.entities import LoggedModelStatus, Metric, Param, RunTag
+from mlflow.entities import Dataset as DatasetEntity, DatasetInput, InputTag, LoggedModelStatus, Metric, Param, RunTag
+from mlflow.data.meta_dataset import MetaDataset
+from mlflow.data.sources import LocalArtifactDatasetSource
 from mlflow.exceptions import MlflowException
+from mlflow.types import ColSpec, DataType, Schema
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from ..config import TrackingConfig
 from ..errors import MaxoutError, first_line
 from ..serving import pyfunc
 from . import preflight, spool as spool_mod
+from .datasets import DataInput, model_name
 from .redact import redact
 from .store import ensure_schema, resolve_uri
 
@@ -58,10 +64,16 @@ class MLflowTracker:
         self._sender.deliver()  # what a crashed earlier attempt of this run left undelivered goes first
         run = self.client.get_run(run_id)
         self.artifact_uri = run.info.artifact_uri
+        self.run_name = run.info.run_name or ""  # the logged model's name (log_model)
         self._params = dict(run.data.params)  # e.g. what `mlflow run` already logged
+        # The run's latest point of each key: a model's score that repeats it is sent as that same point
+        # (log_metrics), so MLflow keeps it once in the run's history.
+        self._latest: dict[str, Metric] = {}
+        if resumed:  # what an earlier attempt logged, from the store
+            self._latest = {k: max(self.client.get_metric_history(run_id, k), key=lambda m: (m.step, m.timestamp))
+                            for k in run.data.metrics}
         # A resumed run replays steps after its last checkpoint: keep the values it already has for those steps.
-        self._floor = {k: max(m.step for m in self.client.get_metric_history(run_id, k))
-                       for k in run.data.metrics} if resumed else {}
+        self._floor = {k: m.step for k, m in self._latest.items()}
         self._sender.start()
 
     @classmethod
@@ -119,12 +131,32 @@ class MLflowTracker:
         self._send(params=[Param(k, v) for k, v in fresh.items()])
         self._params.update(fresh)
 
-    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None,
+                    model_id: Optional[str] = None, dataset: Optional[DataInput] = None) -> None:
+        """See Tracker.log_metrics. A model's scores go to the run too (MLflow's log_batch files a metric that
+        carries a model_id under both); one that repeats the run's latest point of its key is that point again
+        (same step, timestamp and value), which MLflow's run history keeps once."""
         now, step = int(time.time() * 1000), step or 0
-        self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items()
-                            if v is not None and step > self._floor.get(k, -1))
+        named = {"dataset_name": dataset.name, "dataset_digest": dataset.digest} if dataset else {}
+        for key, value in metrics.items():
+            if value is None:
+                continue
+            if model_id is not None:
+                latest = self._latest.get(key)
+                same = latest is not None and latest.value == float(value)
+                at = (latest.timestamp, latest.step) if same else (now, step)
+                self._buffer.append(Metric(key, float(value), *at, model_id=model_id, **named))
+            elif step > self._floor.get(key, -1):
+                self._buffer.append(Metric(key, float(value), now, step))
+            else:
+                continue
+            self._latest[key] = self._buffer[-1]
         if len(self._buffer) >= self.max_buffer or time.monotonic() - self._last_flush > self.flush_every_s:
             self.flush()
+
+    def log_inputs(self, inputs: Sequence[DataInput]) -> None:
+        """The run's datasets (mlflow.data), journalled and sent like its metrics (spool.py)."""
+        self._send(inputs=[dataset_input(i) for i in inputs])
 
     def flush(self) -> None:
         """Journal the buffered metrics and hand them to the sender thread (no network wait here)."""
@@ -147,11 +179,14 @@ class MLflowTracker:
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
         self._store(lambda: self.client.log_artifact(self.run_id, local_path, artifact_path))
 
-    def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
-        """Log the model; it ends READY, or FAILED when anything stops the upload (the run then fails too)."""
+    def log_model(self, model_dir: str, input_example: Any = None, name: Optional[str] = None) -> Optional[str]:
+        """Log the model, named after ``name`` (the run's name by default); it ends READY, or FAILED when anything
+        stops the upload (the run then fails too)."""
+        name = model_name(name or self.run_name)
+
         def upload() -> Any:
             with _active(self.run_id):
-                return pyfunc.log_model(model_dir, signature_example)
+                return pyfunc.log_model(model_dir, input_example, name=name)
 
         try:
             info = self._store(upload)
@@ -247,6 +282,16 @@ def fail_if_running(cfg: TrackingConfig, run_id: str, reason: str) -> None:
         return
     client.set_tag(run_id, "maxout.status_reason", redact(reason)[:5000])
     client.set_terminated(run_id, "FAILED")
+
+
+def dataset_input(data: DataInput) -> DatasetInput:
+    """``data`` as an MLflow dataset input: an ``mlflow.data`` dataset that holds its metadata (the rows stay in
+    their file), sourced from that file, with the fingerprint as its digest and its role as the input's context."""
+    schema = Schema([ColSpec(DataType.string, c) for c in data.columns]) if data.columns else None
+    dataset = MetaDataset(LocalArtifactDatasetSource(data.source), name=data.name, digest=data.digest, schema=schema)
+    # What mlflow.log_input logs for it, plus a profile (a MetaDataset has none): its rows, which rows of the file.
+    entity = DatasetEntity(**dataset.to_dict(), profile=json.dumps({"num_rows": data.rows, **data.profile}))
+    return DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, data.context)])
 
 
 def _tag(key: str, value: Any) -> RunTag:

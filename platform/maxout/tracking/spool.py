@@ -1,6 +1,6 @@
 """A write-ahead journal of one run's tracking writes, so that a tracking-server outage loses nothing.
 
-Every batch of metrics, params and tags is appended to ``<spool dir>/<run id>.jsonl`` (and fsynced) BEFORE it is
+Every batch of metrics, params, tags and dataset inputs is appended to ``<spool dir>/<run id>.jsonl`` (and fsynced) BEFORE it is
 sent; a sender thread delivers the records in order and appends ``{"ack": seq}`` for each one the server
 accepted. While the server is unreachable the sender retries every ``retry_s`` seconds and training goes on.
 Whatever is still unacknowledged when the run ends stays in the file for ``maxout tracking replay``.
@@ -28,7 +28,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import mlflow
 import requests
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Dataset as DatasetEntity, DatasetInput, InputTag, Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from ..errors import USAGE, MaxoutError
@@ -37,7 +37,10 @@ from .redact import redact
 
 log = logging.getLogger("maxout")
 
-FORMAT = 1
+# Format 2 adds what format 1 lacked, compatibly: a metric may carry the logged model it scores and the dataset it
+# was measured on ([key, value, timestamp, step, model_id, dataset_name, dataset_digest]; format 1's four-item
+# metrics still replay), and an "inputs" record holds the run's dataset inputs.
+FORMAT = 2
 # log_batch limits per request (MLflow REST API)
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
 # MLflow retries a failed request for minutes by default; the sender retries on its own schedule instead, so
@@ -117,11 +120,13 @@ class Spool:
             os.fsync(f.fileno())
 
     def append(self, metrics: Sequence[Any] = (), params: Sequence[Any] = (), tags: Sequence[Any] = (),
-               end: Optional[tuple[str, int]] = None) -> None:
-        """Journal MLflow Metric / Param / RunTag objects (split to log_batch's limits), or the run's end."""
-        metrics = [[m.key, m.value, m.timestamp, m.step] for m in metrics]
+               end: Optional[tuple[str, int]] = None, inputs: Sequence[Any] = ()) -> None:
+        """Journal MLflow Metric / Param / RunTag / DatasetInput objects (split to log_batch's limits), or the
+        run's end."""
+        metrics = [_metric_item(m) for m in metrics]
         params, tags = [[p.key, p.value] for p in params], [[t.key, t.value] for t in tags]
-        chunks = [{"metrics": metrics[i:i + MAX_METRICS]} for i in range(0, len(metrics), MAX_METRICS)]
+        chunks = [{"inputs": [_input_item(i) for i in inputs]}] if inputs else []
+        chunks += [{"metrics": metrics[i:i + MAX_METRICS]} for i in range(0, len(metrics), MAX_METRICS)]
         chunks += [{"params": params[i:i + MAX_PARAMS]} for i in range(0, len(params), MAX_PARAMS)]
         chunks += [{"tags": tags[i:i + MAX_TAGS]} for i in range(0, len(tags), MAX_TAGS)]
         if end is not None:
@@ -175,16 +180,48 @@ def _item(line: bytes) -> Optional[dict]:
     try:
         if "end" in item:
             str(item["end"]["status"]), int(item["end"]["end_time"])
+        elif "inputs" in item:
+            _inputs(item)
         else:
             _entities(item)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError, MlflowException):
         return None
     return item
 
 
+def _metric_item(m: Any) -> list:
+    item = [m.key, m.value, m.timestamp, m.step]
+    if m.model_id or m.dataset_name:  # a model's score: format 2 (format 1's four items otherwise)
+        item += [m.model_id, m.dataset_name, m.dataset_digest]
+    return item
+
+
+def _metric(item: Sequence[Any]) -> Metric:
+    """A journal metric: [key, value, timestamp, step] (format 1), plus model_id, dataset name and digest."""
+    if len(item) not in (4, 7):
+        raise ValueError(f"a metric has 4 or 7 items, not {len(item)}")
+    key, value, ts, step = item[:4]
+    model_id, name, digest = (None if x is None else str(x) for x in item[4:]) if len(item) == 7 else (None,) * 3
+    return Metric(str(key), float(value), int(ts), int(step), model_id=model_id, dataset_name=name,
+                  dataset_digest=digest)
+
+
+def _input_item(dataset_input: Any) -> dict:
+    d = dataset_input.dataset
+    return {"dataset": {"name": d.name, "digest": d.digest, "source_type": d.source_type, "source": d.source,
+                        "schema": d.schema, "profile": d.profile},
+            "tags": {t.key: t.value for t in dataset_input.tags}}
+
+
+def _inputs(record: dict) -> list[DatasetInput]:
+    return [DatasetInput(DatasetEntity(**{k: (None if v is None else str(v)) for k, v in item["dataset"].items()}),
+                         [InputTag(str(k), str(v)) for k, v in item["tags"].items()])
+            for item in record["inputs"]]
+
+
 def _entities(record: dict) -> tuple[list, list, list]:
     """A record's MLflow metrics, params and tags (TypeError / ValueError when it is malformed)."""
-    return ([Metric(str(k), float(v), int(ts), int(step)) for k, v, ts, step in record.get("metrics", [])],
+    return ([_metric(item) for item in record.get("metrics", [])],
             [Param(str(k), str(v)) for k, v in record.get("params", [])],
             [RunTag(str(k), str(v)) for k, v in record.get("tags", [])])
 
@@ -198,6 +235,9 @@ def _ends_with_newline(path: Path) -> bool:
 def send(client: Any, run_id: str, record: dict) -> None:
     if "end" in record:
         client.set_terminated(run_id, status=record["end"]["status"], end_time=record["end"]["end_time"])
+        return
+    if "inputs" in record:  # MLflow keeps one input per (dataset, run): a second delivery adds nothing
+        client.log_inputs(run_id, datasets=_inputs(record))
         return
     metrics, params, tags = _entities(record)
     client.log_batch(run_id, metrics=metrics, params=params, tags=tags, synchronous=True)

@@ -8,10 +8,11 @@ what it is given in memory. ``closing(tracker)`` ends the run FINISHED, FAILED (
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping, Optional, Protocol
+from typing import Any, Iterator, Mapping, Optional, Protocol, Sequence
 
 from ..config import TrackingConfig
 from ..errors import Terminated
+from .datasets import DataInput
 from .redact import redact
 
 
@@ -21,11 +22,20 @@ class Tracker(Protocol):
     run_id: Optional[str]
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
-    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None,
+                    model_id: Optional[str] = None, dataset: Optional[DataInput] = None) -> None:
+        """``model_id``: the values are the scores of that logged model (``dataset``: measured on that input).
+        A value the run already holds as its latest point of that key is sent again as that same point (MLflow
+        keeps it once in the run's history) with the model's id, so the model gets its scores and the run's
+        history is unchanged."""
+    def log_inputs(self, inputs: Sequence[DataInput]) -> None:
+        """The datasets the run reads, each under its role (training, validation, test)."""
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
     def log_dict(self, data: Any, artifact_file: str) -> None: ...
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None: ...
-    def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]: ...
+    def log_model(self, model_dir: str, input_example: Any = None, name: Optional[str] = None) -> Optional[str]:
+        """The logged model's URI (``models:/<model id>``); ``name``: its name in the experiment's Models tab (a
+        run name is made valid by datasets.model_name)."""
     def flush(self) -> None: ...
     def close(self, status: str = "FINISHED", reason: str = "") -> None: ...
 
@@ -39,15 +49,26 @@ class NullTracker:
         self.params: dict[str, str] = {}
         self.tags: dict[str, str] = {}
         self.metrics: dict[str, list[tuple[int, float]]] = {}
+        self.inputs: list[DataInput] = []
+        self.model_metrics: dict[str, dict[str, tuple[float, Optional[str]]]] = {}  # model -> key -> value, dataset
         self.status: Optional[str] = None
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         self.params.update({k: redact(v) for k, v in params.items()})
 
-    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, Optional[float]], step: Optional[int] = None,
+                    model_id: Optional[str] = None, dataset: Optional[DataInput] = None) -> None:
         for key, value in metrics.items():
-            if value is not None:
-                self.metrics.setdefault(key, []).append((step or 0, float(value)))
+            if value is None:
+                continue
+            if model_id is not None:  # a score of a model: the run's history is unchanged (see Tracker)
+                self.model_metrics.setdefault(model_id, {})[key] = (float(value), dataset and dataset.name)
+                if self.last(key) == float(value):
+                    continue
+            self.metrics.setdefault(key, []).append((step or 0, float(value)))
+
+    def log_inputs(self, inputs: Sequence[DataInput]) -> None:
+        self.inputs.extend(inputs)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         self.tags.update({k: redact(v) for k, v in tags.items()})
@@ -58,7 +79,7 @@ class NullTracker:
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
         pass
 
-    def log_model(self, model_dir: str, signature_example: Any = None) -> Optional[str]:
+    def log_model(self, model_dir: str, input_example: Any = None, name: Optional[str] = None) -> Optional[str]:
         return None
 
     def flush(self) -> None:
@@ -111,3 +132,11 @@ def closing(tracker: Tracker) -> Iterator[Tracker]:
         raise
     else:
         tracker.close("FINISHED")
+
+
+def model_id(model_uri: Optional[str]) -> Optional[str]:
+    """The logged model's id in an MLflow 3 model URI (``models:/<model id>``); None for another kind of URI."""
+    if not model_uri or not model_uri.startswith("models:/"):
+        return None
+    rest = model_uri[len("models:/"):]
+    return rest if rest and "/" not in rest and "@" not in rest else None

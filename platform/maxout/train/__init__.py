@@ -10,7 +10,7 @@
 - ``checkpointing.py``, ``resume.py``: checkpoints, and ``resume=auto``
 - ``distributed.py``: the job's processes under torchrun (process group, collectives, which rank failed);
   ``sharded.py``: the whole model from FSDP's shards; ``launch.py``: ``maxout train --nproc-per-node N``
-- ``run.py``: ``train(cfg)``, the params and model it logs
+- ``run.py``: ``train(cfg)``, the params and model it logs; ``lineage.py``: its datasets, and its model's scores
 
 Train wing. May import: errors, paths, config, hardware, optimizations, metrics, data, modeling, serving,
 tracking, train. Not loading (it takes a Config, never composes one), registry, hpo, insight or cli.

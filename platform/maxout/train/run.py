@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
@@ -35,7 +35,7 @@ from ..optimizations import accumulation, bucketing, lora
 from ..serving import inference
 from ..tracking.params import config_params, device_params, run_name
 from ..tracking.tracker import NullTracker, Tracker, closing, start
-from . import batch_finder, distributed, prepare, reports, resume, sharded
+from . import batch_finder, distributed, lineage, prepare, reports, resume, sharded
 from .callbacks import Callback
 from .distributed import World
 from .evaluate import Evaluation, evaluate
@@ -99,7 +99,9 @@ def majority_baseline(labels: list[int]) -> float:
     return max(labels.count(c) for c in set(labels)) / len(labels)
 
 
-def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
+def log_model(setup: Setup, tracker: Tracker, results: Optional[Mapping[str, float]] = None,
+              step: Optional[int] = None) -> Optional[str]:
+    """Log the selected model (named after the run) and, from ``results``, its final eval/test scores on it."""
     model = sharded.full_model(setup)  # FSDP: gathered from every rank; None on the ranks that do not log
     if model is None:
         return None
@@ -109,7 +111,9 @@ def log_model(setup: Setup, tracker: Tracker) -> Optional[str]:
                                setup.derived.get("model_commit"))
     with tempfile.TemporaryDirectory(prefix="maxout-model-") as tmp:
         inference.save(lora.merged(model), setup.tokenizer, meta, tmp)
-        return tracker.log_model(tmp, input_example(setup, meta))
+        model_uri = tracker.log_model(tmp, input_example(setup, meta))
+    lineage.log_scores(tracker, model_uri, results or {}, lineage.data_inputs(cfg, setup.dataset), step)
+    return model_uri
 
 
 def input_example(setup: Setup, meta: inference.ModelMeta) -> Optional[pd.DataFrame]:
@@ -235,6 +239,7 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
             print(startup_banner(setup), file=sys.stderr)
         params = {**run_params(cfg, setup), **finder_params}
         tracker.log_params(params)
+        tracker.log_inputs(lineage.data_inputs(cfg, dataset))  # the splits it trains and is scored on
         tracker.log_dict(to_dict(cfg), "config.yaml")
         tracker.log_dict({**device.to_dict(), "profile": cfg.hardware.name,
                           "profile_description": cfg.hardware.description}, "hardware.json")
@@ -265,7 +270,7 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
         results["perf/flops_per_token"] = flops
         try:  # the reports' artifacts, then the model: uploads that may find the server away
             log_outcome(setup, tracker, results, selection, selected, warm)
-            model_uri = log_model(setup, tracker) if cfg.tracking.log_model else None
+            model_uri = log_model(setup, tracker, results, selection.last_step) if cfg.tracking.log_model else None
         except MaxoutError as err:  # the server stayed away: say where the weights are and how to finish the run
             raise resuming.model_not_stored(err, setup.total_steps) if owned else err
     if world.is_main:
