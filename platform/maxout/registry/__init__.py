@@ -2,7 +2,9 @@
 
 - ``client.py``: a client for a tracking URI; registered models, versions, aliases and the champion history,
   looked up with one-line errors; the table ``maxout registry list`` prints
-- ``lock.py``: the promotion lock (a ticket queue kept in the registry itself) and the alias transaction
+- ``lock/``: the promotion lock, taken from the store (PostgreSQL advisory lock, a lock on the SQLite file, a bakery
+  over the model's tags behind a server): one module per kind
+- ``transaction.py``: the alias and history writes of one promotion, undone together if any fails
 - ``promotion.py``: register a version, promote it if it beats the champion, promote or roll back by hand
 - ``predict.py``: a registered model (``models:/NAME@champion``) on a CSV / JSONL / Parquet file
 

@@ -170,3 +170,9 @@ def rows(client: MlflowClient, name: Optional[str] = None) -> Iterator[dict]:
 
 def _fmt(version: Optional[int]) -> str:
     return f"v{version}" if version is not None else "-"
+
+
+def registry_uri(client: MlflowClient) -> str:
+    """The URI of ``client``'s registry (MlflowClient keeps it as ``_registry_uri``; it defaults to the tracking
+    URI, which is what maxout's clients use: registry.client.connect)."""
+    return str(getattr(client, "_registry_uri", None) or client.tracking_uri)

@@ -9,7 +9,7 @@ MLflow 3 deprecates stages, so maxout uses aliases (``models:/NAME@champion``):
 - the registered model's tag ``maxout.champion_history`` lists the champions in order, so ``rollback`` knows
   which version was champion before.
 
-Every alias change runs under the registry's promotion lock (lock.py: taken from the store, leaving nothing in
+Every alias change runs under the registry's promotion lock (lock/: taken from the store, leaving nothing in
 the registry), so concurrent promoters never race.
 
 Registration is all-or-nothing: a version is created with all its tags in one call (one store transaction), and
@@ -36,7 +36,8 @@ from ..errors import ConfigError, MaxoutError, first_line
 from ..tracking.spool import unreachable
 from .client import (CHALLENGER, CHAMPION, LOGGED_MODEL_URI, PROMOTION_TAG, check_ready, client_for,
                      ensure_registered_model, exists, model_version, registered_model, all_versions)
-from .lock import AliasTransaction, PromotionLock, promotion_lock
+from .lock import PromotionLock, promotion_lock
+from .transaction import AliasTransaction
 
 
 
