@@ -200,15 +200,18 @@ class MLflowTracker:
     def _fail_unfinished_models(self, keep: Optional[str] = None) -> None:
         """A logged model of this run still PENDING is marked FAILED, so that it is never mistaken for a usable one.
         MLflow marks a model FAILED when its logging raises an Exception, but not on Ctrl-C or SIGTERM (which are
-        not Exceptions), nor when the signal lands between creating the model and starting its upload."""
+        not Exceptions), nor when the signal lands between creating the model and starting its upload.
+        Best effort, with MLflow's retries cut short: after a failed upload the server is most likely away, and its
+        default retries (two requests, about two minutes each) held the user's one-line error back for minutes."""
         try:
-            experiment_id = self.client.get_run(self.run_id).info.experiment_id
-            # (Filtered here, not in the query: the SQL store keeps the status as a number, and status = 'PENDING'
-            # finds nothing.)
-            for model in self.client.search_logged_models([experiment_id],
-                                                          filter_string=f"source_run_id = '{self.run_id}'"):
-                if model.status == LoggedModelStatus.PENDING and model.model_id != keep:
-                    self.client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+            with spool_mod.fail_fast_http():
+                experiment_id = self.client.get_run(self.run_id).info.experiment_id
+                # (Filtered here, not in the query: the SQL store keeps the status as a number, and
+                # status = 'PENDING' finds nothing.)
+                for model in self.client.search_logged_models([experiment_id],
+                                                              filter_string=f"source_run_id = '{self.run_id}'"):
+                    if model.status == LoggedModelStatus.PENDING and model.model_id != keep:
+                        self.client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
         except Exception as err:  # noqa: BLE001 - the error that got us here matters more; predict refuses PENDING
             log.warning("maxout: could not mark the unfinished models of run %s FAILED: %s", self.run_id,
                         redact(first_line(err)))
