@@ -12,7 +12,7 @@ from maxout import cli, loading
 from maxout.data import Dataset, Origin, Table, load
 from maxout.hpo import study as hpo_study
 from maxout.hpo.folds import kfold
-from maxout.tracking.datasets import DataInput, model_name, scored_on
+from maxout.tracking.datasets import model_name, scored_on
 from maxout.tracking.tracker import NullTracker, model_id
 from maxout.train import lineage
 
