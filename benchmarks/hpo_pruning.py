@@ -83,7 +83,7 @@ def tracking_uris(base: list[str]) -> list[str]:
 
 
 def base_overrides(args: argparse.Namespace, out: Path, write: bool = True) -> list[str]:
-    return ["hardware=cpu", f"model={args.model}", "hpo=default", f"train.epochs={args.epochs}",
+    return ["hardware=cpu", f"model={args.model}", "hpo=default", "hpo.workers=1", f"train.epochs={args.epochs}",
             f"hpo.n_trials={args.trials}", "hpo.sampler.name=random", f"hpo.sampler.seed={args.seed}",
             "hpo.log_models=none", "~hpo.search_space.train.target_effective_batch",
             "hpo.search_space.train.lr.low=1e-6", "hpo.search_space.train.lr.high=5e-4",

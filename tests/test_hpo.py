@@ -19,7 +19,8 @@ from .conftest import runs_in
 from .services import free_port
 
 # 48 training / 32 validation rows of the demo task: 3 optimizer steps per epoch at batch 16.
-BASE = ["hardware=cpu", "model=tiny", "hpo=default", "train.log_every=1", "hpo.sampler.seed=7"]
+# One worker, in this process: the callbacks that inject failures live here (`--workers N`: test_hpo_workers.py).
+BASE = ["hardware=cpu", "model=tiny", "hpo=default", "hpo.workers=1", "train.log_every=1", "hpo.sampler.seed=7"]
 
 # The pruner settings that make pruning certain, whatever the (tiny, random) model scores: one report per epoch, and
 # Hyperband with min_resource=1, max_resource=3, reduction_factor=3 has two brackets. Bracket 0 decides at step 1, and with
@@ -310,7 +311,7 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
     with postgres() as server:
         optuna_url, mlflow_url = create_database(server, "optuna"), create_database(server, "mlflow")
         mlflow.MlflowClient(mlflow_url).search_experiments()  # the schema, as a tracking server would own it
-        overrides = ["hardware=cpu", "model=tiny", "hpo=default", *small_data, "train.epochs=3",
+        overrides = ["hardware=cpu", "model=tiny", "hpo=default", "hpo.workers=1", *small_data, "train.epochs=3",
                      f"tracking.uri={mlflow_url}", f"tracking.artifact_location={(tmp_path / 'art').as_uri()}",
                      "tracking.system_metrics=false", f"hpo.storage={optuna_url}", "hpo.study_name=shared",
                      "hpo.n_trials=6", "hpo.pruner.name=none", "hpo.log_models=none",

@@ -109,7 +109,7 @@ def test_the_champion_names_the_data_that_trained_it(mlflow_store, small_data):
     store = mlflow_store["overrides"]
     assert cli.main(["train", *TINY, *small_data, *store, "tracking.run_name=\"first: v0.1 'baseline'\"",
                      "registry.name=lineage", "--no-progress"]) == 0
-    hpo_study.run(["hardware=cpu", "model=tiny", "hpo=default", "train.epochs=1", "hpo.n_trials=2",
+    hpo_study.run(["hardware=cpu", "model=tiny", "hpo=default", "hpo.workers=1", "train.epochs=1", "hpo.n_trials=2",
                    "hpo.pruner.name=none", "hpo.sampler.seed=7", *small_data, *store,
                    f"hpo.storage={mlflow_store['dir'] / 'optuna.journal'}", "registry.name=lineage"])
     uri = mlflow_store["uri"]

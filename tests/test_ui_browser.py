@@ -129,7 +129,8 @@ def test_the_mlflow_ui_shows_datasets_scored_models_and_no_lock_model(tmp_path, 
     # The fewest steps and trials that make it real: a 3-step `maxout train`, then a two-trial study of one epoch
     # (3 steps) each, all registering into one model, so the champion is whichever scored best.
     assert cli.main(["train", *TINY, *small_data, *store]) == 0
-    assert cli.main(["hpo", "hardware=cpu", "model=tiny", "train.epochs=1", "hpo.n_trials=2", "hpo.pruner.name=none",
+    assert cli.main(["hpo", "hardware=cpu", "model=tiny", "hpo.workers=1", "train.epochs=1", "hpo.n_trials=2",
+                     "hpo.pruner.name=none",
                      "hpo.sampler.seed=3", f"hpo.storage={tmp_path / 'optuna.journal'}", *small_data, *store]) == 0
 
     client = mlflow.MlflowClient(backend)

@@ -233,10 +233,13 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
         optimize(study, objective(under or None), hpo)
         return StudyResult(hpo.study_name, redact(where), under or None, None, worker=True)
 
-    choice = auto_workers.resolve(hpo.workers, overrides, cfg, device,
-                                  storage_mod.store_dir(cfg.tracking) / "hpo_workers.json")
-    workers, reason = choice.workers, choice.reason
     left = None if hpo.n_trials is None else hpo.n_trials - finished(study)
+    if hpo.workers == "auto" and left is not None and left <= 1:  # nothing to share: no measurement
+        choice = auto_workers.Choice(1, f"auto: {max(left, 0)} trial(s) left to run, so one worker, in this process")
+    else:
+        choice = auto_workers.resolve(hpo.workers, overrides, cfg, device,
+                                      storage_mod.store_dir(cfg.tracking) / "hpo_workers.json")
+    workers, reason = choice.workers, choice.reason
     if workers > 1 and left is not None and 0 < left < workers:
         workers, reason = left, f"{reason}; {left} trial(s) left to run, so {left} worker(s)"
     slots = placement.slots(workers, device) if workers > 1 else []
