@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.hpo_pruning import (WITHIN, Curve, Setting, configurations, curves, grid, matched,  # noqa: E402
-                                    open_journal, pick, real_order, replay, subsets)
+                                    open_journal, pick, real_order, replay, same_curves, subsets)
 
 
 
@@ -158,6 +158,19 @@ def trial_runs(base: list[str], study_name: str) -> dict[int, object]:
     return {int(r.data.tags["maxout.hpo.trial_number"]): r.data for r in runs}
 
 
+def parent_params(base: list[str], study_name: str) -> list[dict]:
+    """The workers each invocation (segment) of the study ran with, from its parent run's params (absent where
+    this checkout has no hpo.workers), oldest first."""
+    import mlflow
+
+    uri = next(o.split("=", 1)[1] for o in base if o.startswith("tracking.uri="))
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("maxout").experiment_id],
+                              f"tags.`maxout.hpo.study` = '{study_name}' and tags.`maxout.command` = 'hpo'",
+                              order_by=["attributes.start_time ASC"])
+    return [{k: v for k, v in r.data.params.items() if k.startswith("hpo.workers")} for r in runs]
+
+
 def study_figures(name: str, base: list[str], configs: list[dict], segments: list[Segment], target: float) -> dict:
     """A real study's figures from its journal and its trial runs (its queued configurations' trials only)."""
     import optuna
@@ -201,6 +214,7 @@ def study_figures(name: str, base: list[str], configs: list[dict], segments: lis
         "segments_s": [s.wall_s for s in own], "trial_epochs": c["hpo/trial_epochs_run"],
         "planned_epochs": c["hpo/trial_epochs_without_pruning"], "evaluations": int(c["hpo/trial_evaluations"]),
         "pruned": int(c["hpo/trials_pruned"]), "trials": len(trials), "workers": max(segment_workers or [0]),
+        "segment_workers": segment_workers, "workers_params": parent_params(base, name),
         "timeline": timeline, "params": [t.params for t in trials],
         "epoch_s": statistics.median(r["train_s"] / r["epochs"] for r in per_trial if r["epochs"]) if per_trial
         else math.nan,
@@ -378,6 +392,13 @@ def setting_of(overrides: list[str]) -> Optional[Setting]:
     return Setting(int(every), hpo.pruner.min_resource, hpo.pruner.reduction_factor, hpo.pruner.patience)
 
 
+def curve_difference(plain, maxout, configs: list[dict]) -> float:
+    try:
+        return same_curves(plain, maxout, configs)
+    except KeyError:  # maxout reported at other steps (--maxout-overrides hpo.report_every_epochs=...)
+        return math.nan
+
+
 def curves_ok(recorded: list[Curve]) -> bool:
     return len({len(c.values) for c in recorded}) == 1
 
@@ -424,7 +445,8 @@ def report(args: argparse.Namespace, found: dict) -> str:
     lines += ["", f"**Time-to-best ratio plain / maxout: {lv['measured_time_to_best']:.2f}x** (target: the plain best "
               f"{p['best']:.4f} - 0.01); total clock ratio {lv['measured_clock']:.2f}x; segments (s): plain "
               f"{', '.join(f'{x:.0f}' for x in p['segments_s'])}; maxout "
-              f"{', '.join(f'{x:.0f}' for x in m['segments_s'])}.", "",
+              f"{', '.join(f'{x:.0f}' for x in m['segments_s'])}; maxout's workers per segment "
+              f"{m['segment_workers']} (parent runs' params: {m['workers_params']}).", "",
               "| lever | plain | maxout | factor |", "|---|---|---|---|",
               f"| pruning: trial-epochs (evaluations) | {p['trial_epochs']:.1f} ({p['evaluations']}) | "
               f"{m['trial_epochs']:.1f} ({m['evaluations']}) | {lv['pruning']:.2f}x ({lv['evaluations']:.2f}x) |",
@@ -459,7 +481,8 @@ def report(args: argparse.Namespace, found: dict) -> str:
             lines += ["", f"Replay's prediction for the real maxout study ({q['label']}, {q['workers']} worker(s), "
                       f"its real trial order): {q['epochs']:.1f} trial-epochs, {q['pruned']:.0f} pruned, best "
                       f"{q['best']:.4f}; real: {m['trial_epochs']:.1f} trial-epochs, {m['pruned']} pruned, best "
-                      f"{m['best']:.4f}."]
+                      f"{m['best']:.4f}. Largest difference between one configuration's reports in the two real "
+                      f"studies: {found['curve_difference']:.2g}."]
     lines += ["", f"Run time {found['run_s']:.0f} s; load average {found['load']}; store {found['out']}."]
     return "\n".join(lines)
 
@@ -508,7 +531,11 @@ def main(argv: Optional[list] = None) -> dict:
     plain = study_figures("plain", base, configs, segments, target)
     maxout = study_figures("maxout", base, configs, segments, target)
     found = {"args": vars(args), "configurations": configs, "segments": [asdict(s) for s in segments],
-             "target": target, "plain": plain, "maxout": maxout, "levers": levers(plain, maxout), "replay": None}
+             "target": target, "plain": plain, "maxout": maxout, "levers": levers(plain, maxout), "replay": None,
+             # The largest difference between one configuration's reports in the two studies (0: the same curves;
+             # torch's thread count per process can change the last digits).
+             "curve_difference": curve_difference(plain_study, optuna.load_study(study_name="maxout",
+                                                                                storage=open_journal(base)), configs)}
 
     print(f"  studies done at {time.perf_counter() - t0:.0f} s; replaying", flush=True)
     recorded = curves(plain_study, configs)
