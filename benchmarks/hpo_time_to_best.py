@@ -420,6 +420,8 @@ def chart(plain: dict, maxout: dict, target: float, path: Path) -> None:
         xs.append(study["clock_s"] / 60)
         ys.append(best)
         ax.step(xs, ys, where="post", color=color, label=f"{study['name']} (workers {study['workers']})")
+        ax.scatter([at / 60 for at, _ in study["timeline"]], [v for _, v in study["timeline"]], color=color, s=10,
+                   alpha=0.4)  # each completed trial's score
         if not math.isnan(study["time_to_best_s"]):
             ax.axvline(study["time_to_best_s"] / 60, color=color, linestyle=":")
     ax.axhline(target, color="0.6", linestyle="--", label="plain best - 0.01")
@@ -542,14 +544,17 @@ def main(argv: Optional[list] = None) -> dict:
     if curves_ok(recorded):
         workers_m = max(1, maxout["workers"])
         plain_costs = Costs(plain["epoch_s"], plain["eval_s"], plain["overhead_s"], "plain study")
-        # Per worker count, the costs of the real study that ran with it; a count neither ran with is scaled from
-        # the nearest measured one on the assumption that N workers share the cores with no gain (marked so).
+        # Per worker count, the costs of the real study that ran with it: maxout's for its workers; for one worker
+        # (when maxout ran more) the plain study's training and evaluation with maxout's set-up (warm start); two
+        # workers, when no study ran them, are assumed to share the cores with no gain (twice one worker's seconds).
         maxout_costs = Costs(maxout["epoch_s"], maxout["eval_s"], maxout["overhead_s"], "maxout study")
         costs = {workers_m: maxout_costs}
-        for w in (1, 2):
-            if w not in costs:
-                costs[w] = Costs(maxout_costs.epoch_s * w / workers_m, maxout_costs.eval_s * w / workers_m,
-                                 maxout_costs.setup_s, f"maxout study's x{w}/{workers_m}, assumed")
+        if 1 not in costs:
+            costs[1] = Costs(plain["epoch_s"], plain["eval_s"], maxout["overhead_s"],
+                             "plain study's epoch and evaluation, maxout's set-up")
+        if 2 not in costs:
+            costs[2] = Costs(costs[1].epoch_s * 2, costs[1].eval_s * 2, costs[1].setup_s,
+                             "assumed: one worker's seconds x2, no gain from sharing the cores")
         rows = replay_grid(recorded, costs, plain_costs, args.replay_trials, args.replay_orders, "maxout")
         chosen = pick([r for r in rows if r["workers"] == workers_m])
         setting = setting_of(["hpo=default", *maxout_overrides(args)])
