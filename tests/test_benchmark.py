@@ -291,8 +291,9 @@ def test_the_time_to_best_smoke_runs_both_studies_on_the_same_configurations(tmp
     assert replay["chosen"] in replay["rows"]
     predicted = replay["prediction"]
     if maxout["workers"] == 1:  # one worker: the replay of the real trial order is exact
-        assert predicted["epochs"] == pytest.approx(maxout["trial_epochs"])
-        assert predicted["pruned"] == maxout["pruned"] and predicted["best"] == pytest.approx(maxout["best"])
+        assert predicted["epochs"] == pytest.approx(maxout["all_trial_epochs"])
+        assert predicted["pruned"] == maxout["all_pruned"] and predicted["best"] == pytest.approx(maxout["best"])
+    assert maxout["all_trial_epochs"] >= maxout["trial_epochs"] and maxout["extra_trials"] < max(1, maxout["workers"])
     assert predicted["sequential"]["epochs"] <= predicted["planned"]
     assert figure.read_bytes()[:8] == PNG
     assert "## Time-to-best" in done.stdout and "| plain (" in done.stdout and "## Replay" in done.stdout
