@@ -242,7 +242,9 @@ def levers(plain: dict, maxout: dict) -> dict:
     parallel = maxout["workers"] * maxout["samples_per_s"] / plain["samples_per_s"]
     # Warm start: a plain trial's seconds with maxout's set-up instead of its own.
     warm = plain["trial_s"] / max(1e-9, plain["trial_s"] - plain["overhead_s"] + maxout["overhead_s"])
-    compile_cache = 1.0  # hardware=cpu leaves compile off (see the compile params): no compile, no cache to share
+    # hardware=cpu leaves compile off (conf/hardware/cpu.yaml: ~40 s of inductor for MiniLM, little steady-state
+    # gain; the trial runs' opt.compile.* params say so): no compile, so the shared cache buys nothing here.
+    compile_cache = 1.0
     return {"pruning": pruning, "evaluations": plain["evaluations"] / max(1, maxout["evaluations"]),
             "parallel": parallel, "warm_start": warm, "compile_cache": compile_cache,
             "product": pruning * parallel * warm * compile_cache,
@@ -441,6 +443,12 @@ def chart(plain: dict, maxout: dict, target: float, path: Path) -> None:
     plt.close(fig)
 
 
+def compile_text(study: dict) -> str:
+    c = study["compile"]
+    text = f"requested {c.get('opt.compile.requested', '?')}, effective {c.get('opt.compile.effective', '?')}"
+    return text + (f" ({c['opt.compile.reason']})" if c.get("opt.compile.reason") else "")
+
+
 def report(args: argparse.Namespace, found: dict) -> str:
     p, m, lv = found["plain"], found["maxout"], found["levers"]
     lines = [f"## Time-to-best: {args.model}, {args.configs} configurations x {args.epochs} epochs, "
@@ -465,7 +473,8 @@ def report(args: argparse.Namespace, found: dict) -> str:
               f"| warm start: set-up s per trial (trial - training - evaluation; model load + tokenization) | "
               f"{p['overhead_s']:.2f} ({p['model_load_s']:.2f} + {p['tokenize_s']:.2f}) | {m['overhead_s']:.2f} "
               f"({m['model_load_s']:.2f} + {m['tokenize_s']:.2f}) | {lv['warm_start']:.2f}x |",
-              f"| compile cache: hardware=cpu's compile decision | {p['compile']} | {m['compile']} | "
+              f"| compile cache: hardware=cpu's compile decision (opt.compile.*) | {compile_text(p)} | "
+              f"{compile_text(m)} | "
               f"{lv['compile_cache']:.2f}x |",
               f"| **product of the levers / measured** | | | **{lv['product']:.2f}x / {lv['measured_time_to_best']:.2f}x "
               f"(time-to-best), {lv['measured_clock']:.2f}x (clock)** |", "",
@@ -499,7 +508,7 @@ def report(args: argparse.Namespace, found: dict) -> str:
 
 
 def parse(argv: Optional[list] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--configs", type=int, default=48)
     parser.add_argument("--epochs", type=int, default=4)
@@ -513,7 +522,8 @@ def parse(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--replay-orders", type=int, default=20)
     parser.add_argument("--out", default="", help="the folder for the store and journal (default: a temp dir)")
     parser.add_argument("--json", default="", help="where to write every figure (default: OUT/time_to_best.json)")
-    parser.add_argument("--figure", default=str(ROOT / "benchmarks/figures/hpo_time_to_best.png"))
+    parser.add_argument("--figure", default=None, help="the chart (default: benchmarks/figures/hpo_time_to_best.png; "
+                        "with --smoke, in the store's folder)")
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny model, 6 configurations, 2 epochs, 2 segments, a replay of 20 trials")
     args = parser.parse_args(argv)
@@ -531,6 +541,8 @@ def main(argv: Optional[list] = None) -> dict:
     os.chdir(ROOT)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="maxout-bench-ttb-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.figure is None:
+        args.figure = str(out / "hpo_time_to_best.png" if args.smoke else ROOT / "benchmarks/figures/hpo_time_to_best.png")
     base = base_overrides(args, out)
     configs = configurations(base, args.configs, args.seed)
     segments = run_studies(args, base, configs, out)
