@@ -3,6 +3,8 @@ CSV) and bar charts; cells the device cannot honour are skipped with the reason;
 
 from __future__ import annotations
 
+import math
+
 import mlflow
 import pandas as pd
 import pytest
@@ -180,3 +182,118 @@ def test_padding_comparison_reports_padding_efficiency_of_each_cell(cpu_device, 
     efficiency = table["padding efficiency"]
     assert efficiency["padding=packed"] == 1.0 and efficiency["padding=dynamic"] < efficiency["padding=bucketed"] < 1
     assert "| padding=packed |" in report.markdown() and "100.0%" in report.markdown()
+
+
+# ------------------------------------------------------------------------------------------------ time-to-best
+
+
+def synthetic_curves(n: int, reports: int, seed: int):
+    """Learning curves of ``n`` trials of ``reports`` epochs, one report per epoch, in hpo_pruning's Curve form."""
+    import random
+
+    from benchmarks.hpo_pruning import Curve
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        start, slope = rng.uniform(0.2, 0.5), rng.uniform(-0.05, 0.12)
+        values = [(k, round(min(1.0, start + slope * k + rng.uniform(-0.02, 0.02)), 4)) for k in range(1, reports + 1)]
+        out.append(Curve(values, [float(k) for k in range(1, reports + 1)], float(reports)))
+    return out
+
+
+def test_the_time_to_best_replay_on_one_worker_is_the_sequential_replay_and_more_workers_finish_sooner():
+    """The discrete-event simulation with one worker makes the same reports in the same order as hpo_pruning's
+    sequential replay, so the same trials are pruned; with two workers a trial's decisions see fewer finished
+    trials, and the study's clock is shorter at the same costs per worker."""
+    from benchmarks.hpo_pruning import Setting, replay
+    from benchmarks.hpo_time_to_best import Costs, bootstrap, simulate
+
+    recorded = synthetic_curves(12, 4, seed=3)
+    trials = bootstrap(recorded, 40, seed=1)
+    assert len(trials) == 40 and all(t in recorded for t in trials)
+    costs = Costs(epoch_s=2.0, eval_s=0.5, setup_s=1.0)
+    pruned_any = False
+    for setting in (Setting(1, 1, 3, None), Setting(1, 2, 2, 0), Setting(2, 1, 3, None)):
+        one = simulate(trials, setting, costs, 1, "s")
+        sequential = replay(trials, setting, "s")
+        for key in ("epochs", "evaluations", "pruned", "best", "planned"):
+            assert one[key] == pytest.approx(sequential[key]), (setting, key)
+        assert one["epochs"] <= one["planned"] == 160
+        # One worker's clock is exactly the work: set-up per trial, then each trained epoch and each evaluation.
+        assert one["clock_s"] == pytest.approx(40 * costs.setup_s + one["epochs"] * costs.epoch_s
+                                               + one["evaluations"] * costs.eval_s)
+        two = simulate(trials, setting, costs, 2, "s")
+        assert two["epochs"] <= two["planned"] and two["clock_s"] < one["clock_s"]
+        pruned_any = pruned_any or one["pruned"] > 0
+    assert pruned_any  # the curves differ enough for Hyperband to stop some trials
+    unpruned = simulate(trials, None, costs, 1, "s", target=max(max(v for _, v in t.values) for t in trials) - 0.01)
+    assert unpruned["pruned"] == 0 and unpruned["epochs"] == unpruned["planned"]
+    assert 0 < unpruned["time_to_best_s"] <= unpruned["clock_s"]
+
+
+@pytest.mark.slow
+def test_the_time_to_best_smoke_runs_both_studies_on_the_same_configurations(tmp_path):
+    """benchmarks/hpo_time_to_best.py --smoke: the plain and maxout studies through the real CLI, interleaved in
+    two segments; its figures hold together (time-to-best within the clock, the clock the segments' sum, the
+    replay never runs more than it planned, its one-worker prediction of the real maxout study exact)."""
+    import json
+    import subprocess
+    import sys
+
+    import optuna
+
+    from benchmarks.hpo_pruning import open_journal
+    from tests.conftest import ROOT
+
+    out, figure, found_json = tmp_path / "store", tmp_path / "ttb.png", tmp_path / "ttb.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.hpo_time_to_best", "--smoke", "--out", str(out),
+                           "--figure", str(figure), "--json", str(found_json)], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = json.loads(found_json.read_text())
+    configs = found["configurations"]
+    assert len(configs) == 6 and len({json.dumps(c, sort_keys=True) for c in configs}) == 6
+    # Both studies trained exactly the queued configurations, in the queued order.
+    storage = open_journal([f"hpo.storage={out / 'optuna.journal'}"])
+    for name in ("plain", "maxout"):
+        trials = sorted(optuna.load_study(study_name=name, storage=storage).get_trials(), key=lambda t: t.number)
+        assert [t.params for t in trials[:6]] == configs
+        assert all(t.state.is_finished() for t in trials[:6])
+    assert found["plain"]["params"] == found["maxout"]["params"] == configs
+    # Interleaved: P M, then M P; each study's clock is its segments' walls summed.
+    assert [(s["study"], s["n_trials"]) for s in found["segments"]] == [("plain", 3), ("maxout", 3), ("maxout", 6),
+                                                                        ("plain", 6)]
+    plain, maxout = found["plain"], found["maxout"]
+    for study in (plain, maxout):
+        walls = [s["wall_s"] for s in found["segments"] if s["study"] == study["name"]]
+        assert study["clock_s"] == pytest.approx(sum(walls)) and study["segments_s"] == walls
+        assert [at for at, _ in study["timeline"]] == sorted(at for at, _ in study["timeline"])
+        assert all(0 <= at <= study["clock_s"] for at, _ in study["timeline"])
+        if study["time_to_best_s"] is not None and not math.isnan(study["time_to_best_s"]):
+            assert 0 < study["time_to_best_s"] <= study["clock_s"]
+            first = next(at for at, value in study["timeline"] if value >= found["target"] - 1e-12)
+            assert study["time_to_best_s"] == pytest.approx(first)
+        assert study["trial_epochs"] <= study["planned_epochs"] == 6 * 2
+        assert study["compile"]["opt.compile.effective"] == "false"  # hardware=cpu: compile off
+    assert found["target"] == pytest.approx(plain["best"] - 0.01)
+    assert not math.isnan(plain["time_to_best_s"])  # the plain study reaches its own best
+    assert plain["pruned"] == 0 and plain["trial_epochs"] == 12 and plain["evaluations"] == 12
+    assert plain["workers"] == 1
+    levers = found["levers"]
+    assert levers["measured_clock"] == pytest.approx(plain["clock_s"] / maxout["clock_s"])
+    assert levers["pruning"] == pytest.approx(plain["trial_epochs"] / maxout["trial_epochs"])
+    replay = found["replay"]
+    assert replay["n"] == 20 and replay["rows"]
+    for row in replay["rows"]:
+        assert row["planned"] == 20 * 2 and row["most_epochs"] <= row["planned"]
+        assert 0 <= row["kept"] <= 1 and row["pruned"] <= 20 and row["workers"] in (1, 2)
+    assert replay["chosen"] in replay["rows"]
+    predicted = replay["prediction"]
+    if maxout["workers"] == 1:  # one worker: the replay of the real trial order is exact
+        assert predicted["epochs"] == pytest.approx(maxout["all_trial_epochs"])
+        assert predicted["pruned"] == maxout["all_pruned"] and predicted["best"] == pytest.approx(maxout["best"])
+    assert maxout["all_trial_epochs"] >= maxout["trial_epochs"] and maxout["extra_trials"] < max(1, maxout["workers"])
+    assert predicted["sequential"]["epochs"] <= predicted["planned"]
+    assert figure.read_bytes()[:8] == PNG
+    assert "## Time-to-best" in done.stdout and "| plain (" in done.stdout and "## Replay" in done.stdout
