@@ -27,7 +27,6 @@ picked and why (``hpo.workers_effective``, ``hpo.workers_reason`` on its parent 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -43,7 +42,8 @@ WORKERS = {"full": (1, 2, 4), "smoke": (1, 2)}
 TRIALS_PER_WORKER = {"full": None, "smoke": 2}  # smoke stops a study after this many finished trials per worker
 MIN_RUN_S = {"full": 100, "smoke": 30}  # launch to SIGINT; less than this: the round is not planned
 MAX_RUN_S = {"full": 240, "smoke": 150}
-STOP_S = {"full": 30, "smoke": 25}  # per study: SIGINT to exit (then SIGTERM, SIGKILL) and reading its stores
+GRACE_S = {"full": 20, "smoke": 15}  # SIGINT to exit; then SIGTERM, and SIGKILL, 10 s each
+STOP_S = {"full": 35, "smoke": 30}  # per study: the grace and the reading of its stores
 AUTO_S = {"full": 90, "smoke": None}  # the --workers auto study (None: not at this scale)
 MARGIN_S = 10
 
@@ -237,7 +237,8 @@ def study(ctx: Context, workers: Any, label: str, run_s: float, target: Optional
     with DeviceSampler() as device:
         started = time.time()
         # Same process group as this section: the report's kill at the section's limit reaches the supervisor too.
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        # OMP_NUM_THREADS stays unset: the supervisor splits the CPU threads between its workers.
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         top = psutil.Process(proc.pid)
         reason = "time slot"
         while proc.poll() is None:
@@ -255,7 +256,7 @@ def study(ctx: Context, workers: Any, label: str, run_s: float, target: Optional
         else:
             reason = f"exited by itself with code {proc.returncode}"
         signalled = time.time()
-        how, code = stop(proc, STOP_S[ctx.scale] - 10)
+        how, code = stop(proc, GRACE_S[ctx.scale])
         stopped_s = time.time() - signalled
     log.close()
     left = [p for p in seen.values() if _alive(p)]
