@@ -143,7 +143,7 @@ CASES = {
                                        ["distributed.strategy=none with 2 processes", "use auto, ddp or fsdp"],
                                        env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}),
     "hpo_under_torchrun": Case(["hpo", "model=tiny"], 2, ["maxout hpo runs one trial per process",
-                                                          "CUDA_VISIBLE_DEVICES=i maxout hpo"],
+                                                          "run maxout hpo --workers N"],
                                env={"WORLD_SIZE": "2", "RANK": "0"}, train=False),
     # --- data files (runtime errors: exit 1; several problems are listed together)
     "both_data_files_missing": Case([*PAIR_DATA, "data.train_path=nope/train.csv",

@@ -1,5 +1,6 @@
 """HPO end to end: Optuna studies as nested MLflow runs on the tiny model (CPU), fold-level pruning, and the
-pruner chain; bad input fails before any run starts. The PostgreSQL worker test is in test_hpo_workers.py."""
+pruner chain; bad input fails before any run starts. Two hand-started workers on PostgreSQL are below;
+`maxout hpo --workers N` is in test_hpo_workers.py."""
 
 from __future__ import annotations
 

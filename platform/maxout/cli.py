@@ -173,14 +173,18 @@ def cmd_hpo(args: argparse.Namespace) -> int:
 
     if env_world_size() > 1:
         raise ConfigError("maxout hpo runs one trial per process and cannot run under torchrun: on a node of N "
-                          "GPUs start N workers on one study, each pinned to its GPU (CUDA_VISIBLE_DEVICES=i maxout "
-                          "hpo hpo.study_name=NAME ...; README: \"HPO on a multi-GPU node\")")
+                          "GPUs run maxout hpo --workers N (one worker per GPU, one study; README: \"HPO on a "
+                          "multi-GPU node\")")
     from .hpo.study import run  # lazy: optuna, torch, mlflow (start-up)
 
     overrides = split_overrides(args.overrides, args.overrides_string)
     if not any(o.lstrip("+").startswith("hpo=") for o in overrides):
         overrides.insert(0, "hpo=default")
+    if args.workers is not None:
+        overrides.append(f"hpo.workers={args.workers}")
     result = run(overrides, progress=not args.no_progress)
+    if result.worker:  # one of a supervisor's workers: the supervisor reports the study
+        return 0
     counts = " ".join(f"{k.split('/')[1]}={int(v)}" for k, v in result.counts.items() if k.startswith("hpo/trials"))
     print(f"maxout: study {result.study_name!r}: {counts}, compute saved by pruning "
           f"{result.counts.get('hpo/compute_saved', 0.0):.0%}")
@@ -433,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hpo", help="hyper-parameter search: an Optuna study as nested MLflow runs (hpo=default)")
     _add_overrides(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar per trial")
+    p.add_argument("--workers", default=None, metavar="N|auto",
+                   help="worker processes of the study on this machine, sharing its device (= hpo.workers=N)")
     p.set_defaults(func=cmd_hpo)
 
     p = sub.add_parser("check-hardware", help="what this device offers, what hardware=auto picks, the batch to use")

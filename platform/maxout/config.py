@@ -428,6 +428,9 @@ class HpoConfig:
     report_every_steps: Optional[int] = None  # trials report (evaluate) every N optimizer steps; None: ...
     report_every_epochs: float = 1.0  # ... every this share of an epoch; the pruner's resource is one report
     warm_start: bool = True  # keep the config, tokenizer and tokenized tables in the worker between trials
+    # Worker processes of the study on this machine, sharing its device (hpo/placement.py): an int, or auto (a
+    # short measurement of the trials' throughput at 1, 2, 4, ... workers picks it: hpo/auto_workers.py).
+    workers: Any = 1
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     search_space: dict = field(default_factory=dict)  # config key -> {type: float|int|categorical, ...}
@@ -452,6 +455,9 @@ class HpoConfig:
                f"hpo.report_every_steps={self.report_every_steps} must be >= 1 (or null: report every "
                f"hpo.report_every_epochs of an epoch)")
         _check(self.report_every_epochs > 0, f"hpo.report_every_epochs={self.report_every_epochs} must be > 0")
+        _check(self.workers == "auto" or (isinstance(self.workers, int) and not isinstance(self.workers, bool)
+                                          and self.workers >= 1),
+               f"hpo.workers={self.workers!r} is not valid (valid: an integer >= 1, or auto)")
         self.sampler.validate()  # _check collects: every bad value of both sub-sections is listed too
         self.pruner.validate()
 

@@ -137,6 +137,37 @@ def cpu_bf16() -> tuple[bool, str]:
     return False, f"emulated: no AVX512-BF16 or AMX-BF16 instructions ({source})"
 
 
+# This process's share of its device, a fraction in (0, 1]: `maxout hpo --workers N` sets it for each worker it
+# starts (hpo/placement.py). The batch finder searches within it (its CPU budget, and on a GPU the allocator's
+# limit that apply_device_share sets), and its cache keys name it: a share's batch is not the whole device's.
+DEVICE_SHARE_VAR = "MAXOUT_DEVICE_SHARE"
+
+
+def device_share() -> float:
+    raw = os.environ.get(DEVICE_SHARE_VAR, "")
+    if not raw:
+        return 1.0
+    try:
+        share = float(raw)
+    except ValueError:
+        share = -1.0
+    if not 0.0 < share <= 1.0:
+        raise HardwareError(f"{DEVICE_SHARE_VAR}={raw!r} is not valid (valid: a fraction in (0, 1], the share of "
+                            f"the device this process may use; unset: all of it)")
+    return share
+
+
+def apply_device_share(device: DeviceInfo) -> float:
+    """Hold this process to its share of a GPU: CUDA's caching allocator refuses allocations beyond share x the
+    device's memory with the usual out-of-memory error, so the batch finder's probes (and out-of-memory recovery)
+    meet the share as they would meet a smaller GPU. CPU threads are shared through OMP_NUM_THREADS, which must be
+    set before torch starts (the supervisor sets it in the worker's environment)."""
+    share = device_share()
+    if device.is_cuda and share < 1.0:
+        torch.cuda.set_per_process_memory_fraction(share)
+    return share
+
+
 def detect() -> DeviceInfo:
     info = DeviceInfo(
         kind="cpu", name=platform.processor() or platform.machine(), torch_version=torch.__version__,

@@ -46,7 +46,8 @@ from ..train.run import log_model
 from ..train.warm import WarmStart
 from . import search_space
 
-WORKER = f"{socket.gethostname()}:{os.getpid()}"
+HOST = socket.gethostname()
+WORKER = f"{HOST}:{os.getpid()}"  # a trial's `worker` user attr: which process ran it
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -143,10 +144,13 @@ class Objective:
     def __init__(self, overrides: Sequence[str], specs: list, hpo: HpoConfig, dataset: Dataset,
                  folds: Optional[list[Dataset]], device: DeviceInfo, parent_run_id: Optional[str],
                  retried_by_heartbeat: bool, callbacks: Sequence[Callback] = (), progress: bool = False,
-                 base: Optional[Config] = None):
+                 base: Optional[Config] = None, under: Optional[str] = None, supervised: bool = False):
         self.overrides, self.specs, self.hpo = list(overrides), specs, hpo
         self.dataset, self.folds, self.device = dataset, folds, device
         self.parent_run_id, self.retried_by_heartbeat = parent_run_id, retried_by_heartbeat
+        # A worker of `--workers N`: trials nest under the supervisor's parent run (``under``, in another process),
+        # and a dead worker's trials are re-queued by the supervisor, so a trial may be a retry.
+        self.under, self.retried = under, retried_by_heartbeat or supervised
         self.callbacks, self.progress = list(callbacks), progress
         # Warm start (hpo.warm_start): the study's config with the trial settings, composed once; the tokenizer
         # and the tokenized tables, kept for every trial of this worker.
@@ -164,7 +168,7 @@ class Objective:
         values = search_space.suggest(trial, self.specs)
         cfg = self.trial_config(values)
         retry_of = None
-        if self.retried_by_heartbeat:  # only heartbeat storages re-queue; frozen() reads every trial of the study
+        if self.retried:  # only heartbeats and a supervisor re-queue; frozen() reads every trial of the study
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 retry_of = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen(trial))
@@ -172,8 +176,8 @@ class Objective:
                 "maxout.hpo.trial_number": trial.number, "maxout.hpo.state": "RUNNING",
                 "maxout.hardware_profile": cfg.hardware.name, "maxout.model": cfg.model.name,
                 "maxout.data": cfg.data.name, **({"maxout.hpo.retry_of": retry_of} if retry_of is not None else {})}
-        child = start(cfg.tracking, run_name=f"trial-{trial.number}", tags=tags, nested=True,
-                               system_metrics=cfg.tracking.system_metrics)  # the parent samples none
+        child = start(cfg.tracking, run_name=f"trial-{trial.number}", tags=tags, nested=True, under=self.under,
+                      system_metrics=cfg.tracking.system_metrics)  # the parent samples none
         reporter = TrialReporter(trial, self.hpo.metric, child, report=self.folds is None)
         state, status, reason, fail_in_storage, diverged = "FAIL", "FAILED", "", False, False
         try:

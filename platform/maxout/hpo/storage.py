@@ -58,8 +58,10 @@ def location(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> str:
     return hpo.storage or str(store_dir(tracking_cfg) / "optuna.journal")
 
 
-def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
-    """The Optuna storage, connected (an unreachable database fails here, in seconds, with a one-line error)."""
+def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig, supervised: bool = False) -> Any:
+    """The Optuna storage, connected (an unreachable database fails here, in seconds, with a one-line error).
+    ``supervised``: this process is a worker of `maxout hpo --workers N`, whose parent run is the supervisor's: a
+    lost trial's runs end KILLED, the parent run is the supervisor's to end."""
     where = location(hpo, tracking_cfg)
     if not is_url(where):
         path = Path(where).expanduser()
@@ -75,7 +77,8 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig) -> Any:
             return optuna.storages.RDBStorage(
                 where, engine_kwargs=engine_kwargs, heartbeat_interval=hpo.heartbeat_interval_s,
                 grace_period=hpo.grace_period_s,
-                heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg))
+                heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg,
+                                                              end_parent=not supervised))
     except Exception as err:  # sqlalchemy's OperationalError / ArgumentError, a missing driver, ...
         first = first_line(err)
         if "import" in first.lower():  # SQLAlchemy 2.1 maps postgresql:// to psycopg 3, which is not installed
@@ -133,19 +136,21 @@ class RetryLostTrial:
     """Heartbeat-stale trial (its worker died or lost the database): re-queue it with the same params, and end
     the MLflow runs that worker left RUNNING (the trial's child, its fold runs, the worker's parent) as KILLED."""
 
-    def __init__(self, max_retry: Optional[int], tracking_cfg: TrackingConfig):
+    def __init__(self, max_retry: Optional[int], tracking_cfg: TrackingConfig, end_parent: bool = True):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
         self.tracking_cfg = tracking_cfg
+        self.end_parent = end_parent  # False under `--workers N`: the parent run is the live supervisor's
 
-    def __call__(self, study: Any, trial: Any) -> None:
+    def __call__(self, study: Any, trial: Any, reason: Optional[str] = None) -> None:
         self.retry(study, trial)
         run_id = trial.user_attrs.get("mlflow_run_id")
         if self.tracking_cfg.backend == "mlflow" and run_id:
-            end_lost_runs(self.tracking_cfg, run_id, trial.user_attrs.get("mlflow_parent_run_id"),
-                          f"worker {trial.user_attrs.get('worker', '?')} lost: no heartbeat for more than the grace "
-                          f"period; trial {trial.number} re-queued with the same params")
+            end_lost_runs(self.tracking_cfg, run_id,
+                          trial.user_attrs.get("mlflow_parent_run_id") if self.end_parent else None,
+                          reason or f"worker {trial.user_attrs.get('worker', '?')} lost: no heartbeat for more than "
+                                    f"the grace period; trial {trial.number} re-queued with the same params")
 
 
 def end_lost_runs(tracking_cfg: TrackingConfig, run_id: str, parent_run_id: Optional[str], reason: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -36,7 +37,7 @@ from ..optimizations import accumulation
 from ..train import Callback, prepare
 from ..train.evaluate import evaluation_steps
 from ..train.setup import planned_steps
-from . import report, search_space, storage as storage_mod
+from . import auto_workers, placement, report, search_space, storage as storage_mod, supervisor
 from .folds import kfold
 from .objective import WORKER, Objective
 from .report import BestTrial
@@ -52,6 +53,7 @@ class StudyResult:
     parent_run_id: Optional[str]
     best: Optional[BestTrial]
     counts: dict = field(default_factory=dict)
+    worker: bool = False  # a worker of a supervisor: it ran trials, the supervisor reports the study
 
 
 def promote_best_trial(cfg: Config, best: BestTrial) -> None:
@@ -196,14 +198,20 @@ def optimize(study: Any, objective: Objective, hpo: HpoConfig) -> None:
 
 def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Optional[Any] = None,
         on_best: Callable[[Config, BestTrial], None] = promote_best_trial, progress: bool = False) -> StudyResult:
-    """One worker on the study named by ``hpo.study_name`` (``overrides`` must select an hpo config, e.g.
-    ``hpo=default``). ``callbacks`` are added to every trial's training (tests inject failures with them)."""
+    """The study named by ``hpo.study_name`` (``overrides`` must select an hpo config, e.g. ``hpo=default``), under
+    one parent run: in this process (hpo.workers=1), or by N worker processes this one starts and watches
+    (supervisor.py). A worker of such a supervisor runs trials only. ``callbacks`` are added to every trial's
+    training in this process (tests inject failures with them)."""
     device = device or hardware.detect()
     overrides = list(overrides)
     cfg = loading.load(overrides, device=device)
     if cfg.hpo is None:
         raise ConfigError("no hpo config selected: add hpo=default (maxout hpo adds it unless hpo=... is given)")
     hpo = cfg.hpo
+    under = supervisor.worker_parent()  # not None: this process is a worker of a supervisor
+    if under is not None:
+        hardware.apply_device_share(device)
+        supervisor.watch_supervisor()
     specs = search_space.load(hpo.search_space, cfg)
     dataset = prepare.check(cfg).dataset  # data files, columns, labels, model availability, the tracking store
     check_registry(cfg)
@@ -212,30 +220,57 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
     pruner = build_pruner(hpo, top)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # maxout prints one line per trial instead
     where = storage_mod.location(hpo, cfg.tracking)
-    storage = storage_mod.open_storage(hpo, cfg.tracking)
+    storage = storage_mod.open_storage(hpo, cfg.tracking, supervised=under is not None)
     study = open_study(hpo, storage, where, build_sampler(hpo), pruner)
     cache = storage_mod.compile_cache(hpo, cfg.tracking)
 
+    def objective(parent_run_id: Optional[str]) -> Objective:
+        return Objective(overrides, specs, hpo, dataset, folds, device, parent_run_id,
+                         storage_mod.heartbeats(storage), callbacks, progress, base=cfg,
+                         under=under or None, supervised=under is not None)
+
+    if under is not None:
+        optimize(study, objective(under or None), hpo)
+        return StudyResult(hpo.study_name, redact(where), under or None, None, worker=True)
+
+    choice = auto_workers.resolve(hpo.workers, overrides, cfg, device,
+                                  storage_mod.store_dir(cfg.tracking) / "hpo_workers.json")
+    workers, reason = choice.workers, choice.reason
+    left = None if hpo.n_trials is None else hpo.n_trials - finished(study)
+    if workers > 1 and left is not None and 0 < left < workers:
+        workers, reason = left, f"{reason}; {left} trial(s) left to run, so {left} worker(s)"
+    slots = placement.slots(workers, device) if workers > 1 else []
     parent = start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False,
                    tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name, "maxout.hpo.storage": where,
-                         "maxout.hpo.worker": WORKER, "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+                         "maxout.hpo.worker": WORKER, "maxout.hpo.workers": workers, "maxout.model": cfg.model.name,
+                         "maxout.data": cfg.data.name})
     with closing(parent):
         tree = to_dict(cfg)
         params = config_params(cfg)
         params.update(flatten({k: v for k, v in tree["hpo"].items() if k != "search_space"}, "hpo"))
         params.update({f"hpo.search_space.{k}": v for k, v in search_space.describe(specs).items()})
         params.update({"hpo.storage": where, "hpo.compile_cache_dir": cache,
-                       "hpo.pruner.max_resource": top or "auto", "hpo.report_unit": report_unit(hpo)})
+                       "hpo.pruner.max_resource": top or "auto", "hpo.report_unit": report_unit(hpo),
+                       "hpo.workers_effective": workers, "hpo.workers_reason": reason[:6000]})
         parent.log_params(params)
         parent.log_dict(tree, "config.yaml")
         print(f"maxout: study {hpo.study_name!r} in {redact(where)}: {finished(study)} finished trials; "
-              f"{len(specs)} hyper-parameters, k_folds={hpo.k_folds}", file=sys.stderr)
-        objective = Objective(overrides, specs, hpo, dataset, folds, device, parent.run_id,
-                              storage_mod.heartbeats(storage), callbacks, progress, base=cfg)
+              f"{len(specs)} hyper-parameters, k_folds={hpo.k_folds}; {workers} worker(s) ({reason})"
+              + (f": {'; '.join(slot.describe() for slot in slots)}" if slots else ""), file=sys.stderr)
         try:
-            optimize(study, objective, hpo)
+            if workers == 1:
+                optimize(study, objective(parent.run_id), hpo)
+            else:
+                supervisor.supervise(study, slots, overrides, parent.run_id, cfg, until(hpo))
         finally:  # the summary also lands on a study that stopped on a failed trial
             best, summary = report.log(parent, study, hpo.metric, hpo.direction, report_unit(hpo))
         if best is not None:
             on_best(cfg, best)
     return StudyResult(hpo.study_name, redact(where), parent.run_id, best, summary)
+
+
+def until(hpo: HpoConfig) -> Callable[[Any], bool]:
+    """Whether the study is done, for the supervisor: hpo.n_trials finished trials, or hpo.timeout_s passed."""
+    started = time.monotonic()
+    return lambda study: ((hpo.n_trials is not None and finished(study) >= hpo.n_trials)
+                          or (hpo.timeout_s is not None and time.monotonic() - started >= hpo.timeout_s))

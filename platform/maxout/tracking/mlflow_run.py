@@ -79,7 +79,7 @@ class MLflowTracker:
     @classmethod
     def start(cls, cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
               nested: bool = False, system_metrics: Optional[bool] = None,
-              run_id: Optional[str] = None) -> "MLflowTracker":
+              run_id: Optional[str] = None, under: Optional[str] = None) -> "MLflowTracker":
         """Start (or with ``run_id`` reopen) a run on the store ``cfg`` resolves to. The store itself was checked
         before (preflight.store_problems, which train/prepare.py runs): here only the experiment's artifact store
         is, once its experiment is known."""
@@ -88,20 +88,21 @@ class MLflowTracker:
             os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
         mlflow.set_tracking_uri(uri)
         ensure_schema(uri)  # several jobs may start together on a new SQLite store
-        parent = mlflow.active_run() if nested else None  # a nested run lives in its parent's experiment
+        # A nested run lives in its parent's experiment: the active run's, or ``under``, a run of another process.
+        parent = mlflow.get_run(under) if under else mlflow.active_run() if nested else None
         experiment_id = parent.info.experiment_id if parent else os.environ.get("MLFLOW_EXPERIMENT_ID")
         if run_id:  # resuming: the run's own experiment
             experiment_id = mlflow.get_run(run_id).info.experiment_id
         elif not experiment_id:
             name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment_name
             experiment_id = _experiment_id(name, artifact_location)
-        if not nested:
+        if not (nested or under):
             preflight.check_artifact_store(uri, mlflow.get_experiment(experiment_id).artifact_location)
         use_system = cfg.system_metrics if system_metrics is None else system_metrics
         if use_system:
             mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
         run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=run_name or cfg.run_name,
-                               nested=nested, log_system_metrics=use_system,
+                               nested=nested, parent_run_id=under, log_system_metrics=use_system,
                                tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()})
         return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None,
                    upload_retry_s=cfg.upload_retry_s)

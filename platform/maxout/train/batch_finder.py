@@ -46,6 +46,7 @@ from .. import data as data_mod
 from .distributed import env_local_world_size, env_world_size
 from ..config import Config
 from ..errors import ConfigError, OutOfMemory
+from .. import hardware
 from ..hardware import DeviceInfo
 from ..metrics import Throughput
 from ..optimizations import compile as compile_opt, decide, precision as precision_opt
@@ -216,6 +217,9 @@ def cache_key(cfg: Config, device: DeviceInfo, sequence_length: int, budget_byte
     hw, mc = cfg.hardware, cfg.model
     where = (f"{device.name} {device.total_memory_gb} GiB" if device.is_cuda
              else f"cpu budget {budget_bytes / GIB:.1f} GiB")
+    share = hardware.device_share()
+    if device.is_cuda and share < 1.0:  # an HPO worker's share of the GPU (the CPU budget above is already its share)
+        where += f" share {share:.3g}"
     compiled = decide("compile", hw.compile, compile_opt.supported(device)).effective
     model = mc.name + (f" ({mc.path or mc.name_or_path})" if mc.source == "pretrained" else "")
     return " | ".join([where, f"model {model}", f"length {sequence_length}",
@@ -295,7 +299,9 @@ def budget_bytes(cfg: Config, device: DeviceInfo) -> Optional[float]:
         return cfg.batch_finder.memory_budget_gb * GIB
     # Whole GiB, so the cache key (which names the budget) stays the same while free memory drifts a little; the
     # processes torchrun starts on this node share it.
-    return float(max(1, int(psutil.virtual_memory().available // GIB // env_local_world_size())) * GIB)
+    # An HPO worker gets its share of it (hardware.device_share).
+    share = hardware.device_share()
+    return float(max(1, int(psutil.virtual_memory().available * share // GIB // env_local_world_size())) * GIB)
 
 
 def longest_length(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any) -> int:
