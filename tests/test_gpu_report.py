@@ -185,7 +185,7 @@ def test_hpo_throughput_counts_trials_finished_before_the_stop_and_sums_the_work
 def test_hpo_rows_pool_each_worker_counts_studies_against_one_worker():
     def study(n, trials, wall, steady):
         return {"workers": n, "trials": trials, "wall_s": wall, "steady_trials_per_hour": steady, "s_per_trial": 5.0,
-                "device": {}, "left_behind": [], "tracked": {"trial_peak_allocated_gb": None,
+                "device": {}, "left_behind": [], "trials_left_running": [], "tracked": {"trial_peak_allocated_gb": None,
                                                              "trial_utilization_mean": None, "running": []}}
 
     rows = hpo.summarize([study(1, 10, 100, 400.0), study(2, 30, 100, 1200.0), study(2, 10, 100, 800.0),
@@ -307,7 +307,9 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
         assert row["trials"] == study["trials"] >= 2 * row["workers"] and row["wall_s"] > 0
         assert row["trials_per_hour"] == pytest.approx(row["trials"] * 3600 / row["wall_s"])
         assert row["steady_trials_per_hour"] > row["trials_per_hour"]  # start-up left out
-        assert (study["stop"], study["left_behind"], row["running_runs"]) == ("SIGINT", [], 0)  # Ctrl-C: all gone
+        # Ctrl-C: every process gone, nothing left RUNNING in MLflow or the journal, no trial finished after it
+        assert (study["stop"], study["left_behind"], row["running_runs"]) == ("SIGINT", [], 0)
+        assert (study["trials_left_running"], study["finished_after_sigint"]) == ([], 0)
         assert study["workers_seen"] == row["workers"]  # each worker process ran trials
         tracked = study["tracked"]
         assert tracked["parent_runs"] == 1 and tracked["trial_runs_nested"] == tracked["trial_runs"] >= row["trials"]

@@ -17,12 +17,14 @@ and checked: no process of it left behind, no MLflow run left RUNNING. Figures p
   largest single process), and what the trial runs logged (``mem/peak_allocated_gb``, ``gpu/utilization_mean`` of
   their training windows).
 
-Time: the section's slot less STOP_S per study for the stop and the reading, split evenly over the studies. One
-round, 1, 2, 4: a study needs ~20-30 s of start-up on the GPU machine before its first trial and two minutes of
-trials to count tens of them, so the interleaved 1, 2, 4, 4, 2, 1 does not fit in the device's 540 s for a command;
-a second round in the other order runs only where the slot holds six studies of MIN_RUN_S (a longer --budget-s).
-When ``hpo.workers`` takes ``auto`` and AUTO_S are left, one more study with ``--workers auto`` records the N it
-picked and why (``hpo.workers_effective``, ``hpo.workers_reason`` on its parent run).
+Time (full: 520 s at most): first, AUTO_S for a study with ``--workers auto``, stopped at its first finished trial:
+the N it picks and why (``hpo.workers_effective``, ``hpo.workers_reason`` on its parent run); its measurement also
+caches one worker's GPU memory need, which ``--workers N`` otherwise measures in its first study (so neither the 2-
+nor the 4-worker study pays it). Then what is left, less MARGIN_S, split evenly over the studies, each STOP_S of its
+share kept for the stop and the reading: ~115 s from launch to SIGINT each. One round, 1, 2, 4: a study needs
+~20-30 s of start-up on the GPU machine before its first trial and a minute or two of trials to count tens of them,
+so the interleaved 1, 2, 4, 4, 2, 1 does not fit in the device's 540 s for a command; the second round, in the other
+order, runs only where six studies of MIN_RUN_S fit (a longer --budget-s). For another order, run the section again.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ WORKERS = {"full": (1, 2, 4), "smoke": (1, 2)}
 TRIALS_PER_WORKER = {"full": None, "smoke": 2}  # smoke stops a study after this many finished trials per worker
 MIN_RUN_S = {"full": 100, "smoke": 30}  # launch to SIGINT; less than this: the round is not planned
 MAX_RUN_S = {"full": 240, "smoke": 150}
-GRACE_S = {"full": 20, "smoke": 15}  # SIGINT to exit; then SIGTERM, and SIGKILL, 10 s each
+# SIGINT to exit, then SIGTERM and SIGKILL 10 s apart: the supervisor's own grace for its workers (supervisor.py,
+# STOP_GRACE_S = 30) and 15 s to end the runs and log the study's report. Usually a few seconds.
+GRACE_S = {"full": 45, "smoke": 45}
 STOP_S = {"full": 35, "smoke": 30}  # per study: the grace and the reading of its stores
 AUTO_S = {"full": 90, "smoke": None}  # the --workers auto study (None: not at this scale)
 MARGIN_S = 10
@@ -70,11 +74,11 @@ def workers_option() -> bool:
     return "workers" in {f.name for f in dataclasses.fields(HpoConfig)}
 
 
-def plan(ctx: Context, workers: tuple, auto: bool) -> tuple[list, float]:
+def plan(ctx: Context, workers: tuple) -> tuple[list, float]:
     """(the worker counts in order, seconds from launch to SIGINT for each): at full scale, a second round in the
     other order only where each of the six studies still gets MIN_RUN_S; smoke: one round (a code path)."""
     scale = ctx.scale
-    left = ctx.left() - MARGIN_S - ((AUTO_S[scale] or 0) if auto else 0)
+    left = ctx.left() - MARGIN_S
     for order in ([*workers, *reversed(workers)], list(workers)) if ctx.full else (list(workers),):
         run_s = left / len(order) - STOP_S[scale]
         if run_s >= MIN_RUN_S[scale] or len(order) == len(workers):
@@ -274,6 +278,9 @@ def study(ctx: Context, workers: Any, label: str, run_s: float, target: Optional
               "first_trial_after_s": first_start - started if first_start else None,
               "workers_seen": len({t.user_attrs.get("worker") for t in trials if t.user_attrs.get("worker")}),
               "states": {s: sum(t.state.name == s for t in trials) for s in sorted({t.state.name for t in trials})},
+              # Ctrl-C's promises: no trial finished after it (every worker stopped at once), none left RUNNING
+              "finished_after_sigint": len(finished(trials)) - len(done),
+              "trials_left_running": [t.number for t in trials if t.state.name == "RUNNING"],
               "stopped_by": reason, "stop": how, "exit_code": code, "stop_s": stopped_s,
               "processes_seen": len(seen), "left_behind": left_behind, "device": device.summary(first_start),
               "tracked": tracked(folder)}
@@ -322,7 +329,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                                                     if t["trial_peak_allocated_gb"] is not None], default=None),
                     "trial_utilization_mean": _mean([t["trial_utilization_mean"] for t in tracked_]),
                     "left_behind": sum(len(r["left_behind"]) for r in own),
-                    "running_runs": sum(len(t["running"]) for t in tracked_)})
+                    "running_runs": sum(len(t["running"]) for t in tracked_),
+                    "running_trials": sum(len(r.get("trials_left_running", [])) for r in own)})
     base = next((r for r in out if r["workers"] == 1), None)
     for r in out:
         r["speed_up"] = r["trials_per_hour"] / base["trials_per_hour"] if base and base["trials_per_hour"] else None
@@ -340,12 +348,24 @@ def run(ctx: Context) -> None:
     scale = ctx.scale
     with_option = workers_option()
     workers = WORKERS[scale] if with_option else (1,)
-    auto = with_option and AUTO_S[scale] is not None
-    order, run_s = plan(ctx, workers, auto)
-    ctx.record("setup", {"model": "bert_base" if ctx.full else "tiny", "overrides": trial_overrides(ctx)[
-        len(workloads.model("bert_base" if ctx.full else "tiny")):], "order": order, "run_s": run_s,
-        "stop_s": STOP_S[scale], "trials_per_worker": TRIALS_PER_WORKER[scale],
-        **({} if with_option else {"left_out": "This maxout has no hpo.workers (issue 29 part 1): only 1 worker"})})
+    if with_option and AUTO_S[scale] is not None:
+        # First: auto's measurement also caches one worker's GPU memory need, which `--workers N` checks its share
+        # against (auto_workers.py); measured here, it costs neither the 2- nor the 4-worker study.
+        try:
+            got = study(ctx, "auto", "auto", AUTO_S[scale] - STOP_S[scale], 1, with_option)
+        except RuntimeError as err:  # optional: the worker counts below are the figure
+            ctx.record("auto", {"error": str(err)[:1000]})
+        else:
+            keys = ("hpo.workers_effective", "hpo.workers_reason")
+            ctx.record("auto", {**{k: got["tracked"].get(k) for k in keys}, "trials": got["trials"],
+                                "wall_s": got["wall_s"], "stopped_by": got["stopped_by"]})
+    order, run_s = plan(ctx, workers)
+    model = "bert_base" if ctx.full else "tiny"
+    ctx.record("setup", {"model": model, "overrides": trial_overrides(ctx)[len(workloads.model(model)):],
+                         "order": order, "run_s": run_s, "stop_s": STOP_S[scale],
+                         "trials_per_worker": TRIALS_PER_WORKER[scale],
+                         **({} if with_option else {"left_out": "This maxout has no hpo.workers (issue 29 part 1): "
+                                                                "only 1 worker"})})
     studies: list[dict] = []
     for i, n in enumerate(order):
         per = TRIALS_PER_WORKER[scale]
@@ -354,13 +374,6 @@ def run(ctx: Context) -> None:
               f"(stopped by {studies[-1]['stopped_by']}, {studies[-1]['stop']})", flush=True)
         ctx.record("studies", studies)
         ctx.record("rows", summarize(studies))
-    if auto and ctx.left() >= AUTO_S[scale]:
-        got = study(ctx, "auto", "auto", AUTO_S[scale] - STOP_S[scale], 1, with_option)
-        keys = ("hpo.workers", "hpo.workers_effective", "hpo.workers_reason")
-        ctx.record("auto", {**{k: got["tracked"].get(k) for k in keys}, "trials": got["trials"],
-                            "wall_s": got["wall_s"]})
-    elif auto:
-        ctx.record("auto", {"left_out": f"{ctx.left():.0f} s left, the auto study needs {AUTO_S[scale]} s"})
 
 
 def markdown(results: dict) -> str:
@@ -373,27 +386,32 @@ def markdown(results: dict) -> str:
              f"`{' '.join(setup.get('overrides', []))}`." + (f" {setup['left_out']}." if setup.get("left_out") else ""),
              "", "| workers | trials | wall s | trials/hour | speed-up | steady trials/hour | speed-up | s per trial "
              "| device memory peak GiB | largest process GiB | trial peak allocated GiB | GPU util % (NVML) | "
-             "GPU util % (trial runs) | left behind / RUNNING |", "|" + "---|" * 14]
+             "GPU util % (trial runs) | after Ctrl-C: processes left / runs RUNNING / trials RUNNING |",
+             "|" + "---|" * 14]
     for r in results.get("rows", []):
         lines.append(f"| {r['workers']} | {r['trials']} | {r['wall_s']:.0f} | {r['trials_per_hour']:.0f} | "
                      f"{fmt(r['speed_up'], '.2f', '×')} | {fmt(r['steady_trials_per_hour'], '.0f')} | "
                      f"{fmt(r['steady_speed_up'], '.2f', '×')} | {fmt(r['s_per_trial'], '.1f')} | "
                      f"{fmt(r['device_used_peak_gb'], '.1f')} | {fmt(r['process_peak_gb'], '.1f')} | "
                      f"{fmt(r['trial_peak_allocated_gb'], '.2f')} | {fmt(r['utilization_mean'], '.0f')} | "
-                     f"{fmt(r['trial_utilization_mean'], '.0f')} | {r['left_behind']} / {r['running_runs']} |")
+                     f"{fmt(r['trial_utilization_mean'], '.0f')} | {r['left_behind']} / {r['running_runs']} / "
+                     f"{r['running_trials']} |")
     lines.append("")
     for s in results.get("studies", []):
         t = s["tracked"]
         lines.append(f"- {s['label']}: first trial {fmt(s['first_trial_after_s'], '.0f')} s after launch; "
                      f"{s['workers_seen']} worker process(es) ran trials; trial states {s['states']}; stopped by "
-                     f"{s['stopped_by']} ({s['stop']}, exit code {s['exit_code']}, {s['stop_s']:.1f} s to exit); "
+                     f"{s['stopped_by']} ({s['stop']}, exit code {s['exit_code']}, {s['stop_s']:.1f} s to exit, "
+                     f"{s['finished_after_sigint']} trials finished after it, trials left RUNNING: "
+                     f"{s['trials_left_running'] or 'none'}); "
                      f"{t['trial_runs_nested']}/{t['trial_runs']} trial runs nested under {t['parent_runs']} parent "
                      f"run(s)" + (f"; LEFT BEHIND: {', '.join(s['left_behind'])}" if s["left_behind"] else "") + ".")
     auto = results.get("auto")
     if auto:
-        lines.append("\n`--workers auto`: " + (auto["left_out"] if "left_out" in auto else
-                                              f"picked {auto.get('hpo.workers_effective')}: "
-                                              f"{auto.get('hpo.workers_reason')}"))
+        said = (f"failed: {auto['error']}" if "error" in auto else
+                f"picked {auto['hpo.workers_effective']} in {auto['wall_s']:.0f} s: {auto['hpo.workers_reason']}"
+                if auto.get("hpo.workers_reason") else f"no pick logged: stopped by {auto['stopped_by']} first")
+        lines.append(f"\n`--workers auto` (run first): {said}")
     return "\n".join(lines)
 
 
