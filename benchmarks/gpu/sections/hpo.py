@@ -345,6 +345,9 @@ def _mean(values: list) -> Optional[float]:
 
 
 def run(ctx: Context) -> None:
+    # A report started with SIGINT ignored (nohup, a script's background job) would pass that on to the studies, and
+    # the Ctrl-C that stops them would do nothing: with Python's own handler here, they start with the default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     scale = ctx.scale
     with_option = workers_option()
     workers = WORKERS[scale] if with_option else (1,)
