@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 
 from benchmarks import gpu_report
 from benchmarks.gpu import wheels, workloads
-from benchmarks.gpu.sections import SECTIONS, gpu_tests, mfu
+from benchmarks.gpu.sections import SECTIONS, gpu_tests, hpo, mfu
 
 from .conftest import ROOT
 
@@ -102,7 +102,7 @@ def test_an_unknown_section_is_a_one_line_error(tmp_path, capsys):
 
 def test_the_sections_come_in_order_of_value():
     assert [s.name for s in SECTIONS] == ["environment", "gpu_tests", "vs_trainer", "mfu", "ablation",
-                                          "batch_finder", "tracking", "audit"]
+                                          "batch_finder", "tracking", "audit", "hpo"]
     assert all({"cuda"} & set(s.needs) for s in SECTIONS if s.name in ("gpu_tests", "mfu", "batch_finder"))
 
 
@@ -159,6 +159,42 @@ def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
     assert profile["steps"] == 2 and profile["device_ms"] > 0
     assert sum(profile["shares"].values()) == pytest.approx(1.0) and profile["shares"]["matmul"] > 0
     assert profile["top"] and all(t["kind"] in ("matmul", "attention", "other") for t in profile["top"])
+
+
+def _trial(number, state, start, end, worker):
+    from datetime import datetime
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    return FrozenTrial(number, TrialState[state], 0.5 if state == "COMPLETE" else None,
+                       datetime.fromtimestamp(start), None if end is None else datetime.fromtimestamp(end), {}, {},
+                       {"worker": worker}, {}, {}, number)
+
+
+def test_hpo_throughput_counts_trials_finished_before_the_stop_and_sums_the_workers_steady_rates():
+    t0 = 1_800_000_000.0
+    trials = [_trial(0, "COMPLETE", t0, t0 + 10, "h:1"), _trial(1, "PRUNED", t0 + 10, t0 + 20, "h:1"),
+              _trial(2, "COMPLETE", t0 + 2, t0 + 12, "h:2"), _trial(3, "FAIL", t0 + 12, t0 + 14, "h:2"),
+              _trial(4, "COMPLETE", t0 + 20, t0 + 31, "h:1"), _trial(5, "RUNNING", t0 + 14, None, "h:2")]
+    done = hpo.finished(trials, before=t0 + 30)  # trial 4 ended after the SIGINT: it does not count
+    assert [t.number for t in done] == [0, 1, 2]
+    assert hpo.steady_per_hour(done) == pytest.approx(3600 * (2 / 20 + 1 / 10))  # per worker, then summed
+    assert hpo.steady_per_hour([]) is None
+
+
+def test_hpo_rows_pool_each_worker_counts_studies_against_one_worker():
+    def study(n, trials, wall, steady):
+        return {"workers": n, "trials": trials, "wall_s": wall, "steady_trials_per_hour": steady, "s_per_trial": 5.0,
+                "device": {}, "left_behind": [], "trials_left_running": [], "tracked": {"trial_peak_allocated_gb": None,
+                                                             "trial_utilization_mean": None, "running": []}}
+
+    rows = hpo.summarize([study(1, 10, 100, 400.0), study(2, 30, 100, 1200.0), study(2, 10, 100, 800.0),
+                          study(1, 5, 50, 400.0)])
+    assert [r["workers"] for r in rows] == [1, 2] and [r["studies"] for r in rows] == [2, 2]
+    assert [r["trials_per_hour"] for r in rows] == pytest.approx([15 * 3600 / 150, 40 * 3600 / 200])
+    assert rows[1]["speed_up"] == pytest.approx(720 / 360) and rows[0]["speed_up"] == 1
+    assert rows[1]["steady_speed_up"] == pytest.approx(1000 / 400)
+    assert "| 2 | 40 | 200 | 720 | 2.00× | 1000 | 2.50× |" in hpo.markdown({"rows": rows})
 
 
 def test_the_long_mix_lies_in_its_length_range(tmp_path):
@@ -252,7 +288,7 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
     assert done.returncode == 0, done.stdout[-4000:]
     assert {n: e["status"] for n, e in got.items()} == {
         "environment": "ok", "gpu_tests": "skipped", "vs_trainer": "ok", "mfu": "skipped", "ablation": "ok",
-        "batch_finder": "skipped", "tracking": "ok", "audit": "ok"}
+        "batch_finder": "skipped", "tracking": "ok", "audit": "ok", "hpo": "ok"}
     assert got["gpu_tests"]["reason"] == "needs a CUDA device: every gpu-marked test would skip"
     assert got["mfu"]["reason"].startswith("needs a CUDA device: there is no meaningful peak")
     assert got["environment"]["results"]["cuda"] is False and got["environment"]["results"]["matmul"]["bf16"][
@@ -265,6 +301,19 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
     audited = got["audit"]["results"]["report"]
     assert {lever["name"] for lever in audited["levers"]} >= {"bucketing", "fused_adamw", "packing"}
     assert 0 < audited["verdict"]["share_of_best"] <= 1
+    studies, rows = got["hpo"]["results"]["studies"], got["hpo"]["results"]["rows"]
+    assert [r["workers"] for r in rows] == [1, 2] and [s["workers"] for s in studies] == [1, 2]  # one study per N
+    for row, study in zip(rows, studies):
+        assert row["trials"] == study["trials"] >= 2 * row["workers"] and row["wall_s"] > 0
+        assert row["trials_per_hour"] == pytest.approx(row["trials"] * 3600 / row["wall_s"])
+        assert row["steady_trials_per_hour"] > row["trials_per_hour"]  # start-up left out
+        # Ctrl-C: every process gone, nothing left RUNNING in MLflow or the journal, no trial finished after it
+        assert (study["stop"], study["left_behind"], row["running_runs"]) == ("SIGINT", [], 0)
+        assert (study["trials_left_running"], study["finished_after_sigint"]) == ([], 0)
+        assert study["workers_seen"] == row["workers"]  # each worker process ran trials
+        tracked = study["tracked"]
+        assert tracked["parent_runs"] == 1 and tracked["trial_runs_nested"] == tracked["trial_runs"] >= row["trials"]
+    assert rows[0]["speed_up"] == 1 and rows[1]["speed_up"] > 0
     files = sorted(p.name for p in out.iterdir())
     assert files[:2] == ["ablation.png", "environment.png"] and {"report.json", "report.md"} <= set(files)
     assert len(files) <= 7 and all((out / f).stat().st_size < 16 * 2**20 for f in files)  # + the command's log

@@ -5,7 +5,7 @@ runs."""
 
 from __future__ import annotations
 
-from . import ablation, audit, environment, gpu_tests, memory, mfu, tracking, vs_trainer
+from . import ablation, audit, environment, gpu_tests, hpo, memory, mfu, tracking, vs_trainer
 
 SECTIONS = [
     environment.SECTION,
@@ -16,4 +16,5 @@ SECTIONS = [
     memory.SECTION,
     tracking.SECTION,
     audit.SECTION,
+    hpo.SECTION,
 ]
