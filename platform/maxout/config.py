@@ -430,7 +430,7 @@ class HpoConfig:
     warm_start: bool = True  # keep the config, tokenizer and tokenized tables in the worker between trials
     # Worker processes of the study on this machine, sharing its device (hpo/placement.py): an int, or auto (a
     # short measurement of the trials' throughput at 1, 2, 4, ... workers picks it: hpo/auto_workers.py).
-    workers: Any = "auto"
+    workers: Any = 1
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     search_space: dict = field(default_factory=dict)  # config key -> {type: float|int|categorical, ...}

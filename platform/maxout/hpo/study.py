@@ -175,10 +175,10 @@ def finished(study: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
-def optimize(study: Any, objective: Objective, hpo: HpoConfig) -> None:
+def optimize(study: Any, objective: Objective, hpo: HpoConfig, after_trial: Sequence[Callable] = ()) -> None:
     """Run trials until the STUDY has hpo.n_trials finished ones (counting every worker's), or the timeout.
     Several workers may overshoot by up to one trial each (the ones still running when the count is reached)."""
-    callbacks = []
+    callbacks = list(after_trial)
     if hpo.n_trials is not None:
         if finished(study) >= hpo.n_trials:
             print(f"maxout: study {study.study_name!r} already has {finished(study)} finished trials "
@@ -209,8 +209,10 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
         raise ConfigError("no hpo config selected: add hpo=default (maxout hpo adds it unless hpo=... is given)")
     hpo = cfg.hpo
     under = supervisor.worker_parent()  # not None: this process is a worker of a supervisor
+    stop = None
     if under is not None:
         hardware.apply_device_share(device)
+        stop = supervisor.StopRequested().install()
         supervisor.watch_supervisor()
     specs = search_space.load(hpo.search_space, cfg)
     dataset = prepare.check(cfg).dataset  # data files, columns, labels, model availability, the tracking store
@@ -226,11 +228,11 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
 
     def objective(parent_run_id: Optional[str]) -> Objective:
         return Objective(overrides, specs, hpo, dataset, folds, device, parent_run_id,
-                         storage_mod.heartbeats(storage), callbacks, progress, base=cfg,
+                         storage_mod.heartbeats(storage), [*callbacks, *([stop] if stop else [])], progress, base=cfg,
                          under=under or None, supervised=under is not None)
 
     if under is not None:
-        optimize(study, objective(under or None), hpo)
+        optimize(study, objective(under or None), hpo, after_trial=[stop.after_trial] if stop else [])
         return StudyResult(hpo.study_name, redact(where), under or None, None, worker=True)
 
     left = None if hpo.n_trials is None else hpo.n_trials - finished(study)

@@ -11,8 +11,8 @@ workers share the study's storage (journal file or RDB), the compile cache and t
   new worker takes its slot while the study needs trials (at most ``RESPAWNS_PER_SLOT`` times). The others go on.
 - A worker that exits with an error (a trial raised one, as it would stop a one-worker study) stops the others, and
   the invocation fails with that worker's error line.
-- Ctrl-C or SIGTERM stops every worker (SIGINT, then SIGKILL after ``STOP_GRACE_S``); trials still RUNNING then are
-  failed and their runs end KILLED. Workers run in sessions of their own, so a terminal's Ctrl-C reaches the
+- Ctrl-C or SIGTERM stops every worker (SIGINT, then SIGKILL after ``STOP_GRACE_S``); a worker stops at its next
+  training step or evaluation (``StopRequested``); trials still RUNNING then are failed and their runs end KILLED. Workers run in sessions of their own, so a terminal's Ctrl-C reaches the
   supervisor alone and it decides; a worker whose supervisor is gone (SIGKILLed) notices within a second and stops
   itself (``watch_supervisor``), so no process is left behind.
 """
@@ -28,12 +28,14 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from typing import Any, Optional, Sequence
 
 from optuna.trial import TrialState
 
 from ..config import Config
-from ..errors import MaxoutError
+from ..errors import MaxoutError, Terminated
+from ..train import Callback
 from . import storage as storage_mod
 from .objective import HOST
 from .placement import Slot
@@ -66,6 +68,50 @@ def watch_supervisor() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="maxout-supervisor-watch", daemon=True).start()
+
+
+class StopRequested(Callback):
+    """A worker stops at a safe point, not wherever the signal lands. Raised from a signal handler, the
+    KeyboardInterrupt may land inside a SQLite commit (the tracking store's lock stays held, and both workers block
+    on it: "database is locked") or in a weakref callback, where Python prints and drops it ("Exception ignored
+    in ...") and the worker trains on; the GPU report's smoke runs saw both, and the supervisor had to SIGKILL.
+    So a worker's SIGINT and SIGTERM only record the stop; the trial raises it at its next training step or
+    evaluation (KeyboardInterrupt, or Terminated for SIGTERM), which ends its run KILLED and its trial FAIL, and a
+    worker between trials starts no next one."""
+
+    def __init__(self) -> None:
+        self.signal: Optional[int] = None
+        self.asked = threading.Event()
+
+    def error(self) -> BaseException:
+        return KeyboardInterrupt() if self.signal == signal.SIGINT else Terminated()
+
+    def check(self) -> None:
+        if self.asked.is_set():
+            raise self.error()
+
+    def on_train_start(self, state: Any) -> None:
+        self.check()
+
+    def on_step_end(self, state: Any) -> None:
+        self.check()
+
+    def on_evaluate(self, state: Any, metrics: dict) -> None:
+        self.check()
+
+    def after_trial(self, study: Any, trial: Any) -> None:
+        """An Optuna callback: no next trial once the stop was asked for."""
+        if self.asked.is_set():
+            study.stop()
+
+    def install(self) -> "StopRequested":
+        def on_signal(number: int, frame: Any) -> None:
+            self.signal = self.signal or number
+            self.asked.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, on_signal)
+        return self
 
 
 def worker_overrides(overrides: Sequence[str], timeout_s: Optional[float]) -> list[str]:
@@ -141,12 +187,18 @@ def requeue(study: Any, worker_id: str, cfg: Config, reason: str) -> list[int]:
     return lost
 
 
-def fail_running(study: Any, worker_ids: set, cfg: Config, reason: str) -> list[int]:
+def fail_running(study: Any, worker_ids: set, cfg: Config, reason: str,
+                 since: Optional[datetime] = None) -> list[int]:
     """After a stop: trials of these workers still RUNNING (a worker SIGKILLed past the grace) are failed, and
-    their runs end KILLED. Not re-queued: the user stopped the study."""
+    their runs end KILLED. Not re-queued: the user stopped the study. ``since`` (a journal, which one machine
+    owns): also a trial created after it that has no worker yet (a worker SIGKILLed between creating the trial and
+    naming itself on it)."""
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.user_attrs.get("worker") in worker_ids:
+        mine = t.user_attrs.get("worker") in worker_ids
+        orphan = ("worker" not in t.user_attrs and since is not None and t.datetime_start is not None
+                  and t.datetime_start >= since)
+        if mine or orphan:
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             if cfg.tracking.backend == "mlflow" and t.user_attrs.get("mlflow_run_id"):
                 storage_mod.end_lost_runs(cfg.tracking, t.user_attrs["mlflow_run_id"], None, reason)
@@ -169,6 +221,8 @@ def stop(workers: Sequence[Worker]) -> None:
         pass
     for w in alive:
         if w.proc.poll() is None:
+            print(f"maxout: worker {w.slot.index} (pid {w.proc.pid}) did not stop within {STOP_GRACE_S:g} s: "
+                  f"SIGKILL", file=sys.stderr)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w.proc.pid, signal.SIGKILL)
         w.finish()
@@ -179,7 +233,7 @@ def supervise(study: Any, slots: Sequence[Slot], overrides: Sequence[str], paren
     """Run the workers until each has exited and the study is done (``done(study) -> bool``: n_trials or the
     timeout reached). See the module docstring for deaths, errors and Ctrl-C."""
     hpo = cfg.hpo
-    started = time.monotonic()
+    started, since = time.monotonic(), datetime.now()  # Optuna's datetimes are naive local time
 
     def launch(slot: Slot) -> Worker:
         left = None if hpo.timeout_s is None else max(1.0, hpo.timeout_s - (time.monotonic() - started))
@@ -213,10 +267,11 @@ def supervise(study: Any, slots: Sequence[Slot], overrides: Sequence[str], paren
                     everyone.append(live[index])
     except BaseException as err:
         stop(everyone)
-        interrupted = isinstance(err, KeyboardInterrupt) or type(err).__name__ == "Terminated"
+        interrupted = isinstance(err, (KeyboardInterrupt, Terminated))
+        journal = not storage_mod.is_url(storage_mod.location(hpo, cfg.tracking))
         failed = fail_running(study, {w.id for w in everyone}, cfg,
                               "interrupted: the study's workers were stopped" if interrupted else
-                              f"stopped: {str(err)[:500]}")
+                              f"stopped: {str(err)[:500]}", since if journal else None)
         if failed:
             print(f"maxout: trial(s) {', '.join(map(str, failed))} were still running when the workers stopped: "
                   f"failed", file=sys.stderr)
