@@ -5,11 +5,15 @@ when acknowledgements were lost."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import sqlite3
+import threading
 
 import mlflow
 import pytest
+import sqlalchemy
 from mlflow.entities import Metric, Param, RunTag
 
 from maxout import cli
@@ -75,6 +79,91 @@ def test_a_write_mlflow_refuses_is_reported_not_retried(tmp_path):
     assert "Changing param values is not allowed" in str(sender.error)
     with pytest.raises(Exception, match="Changing param values"):
         spool.replay(journal.path, store)
+
+
+def locked_error(database):
+    """What a write to a SQLite file that another connection holds raises through SQLAlchemy, as in MLflow's store
+    (with no busy timeout: at once, instead of after MLflow's 20 s)."""
+    holder = sqlite3.connect(database)
+    holder.execute("BEGIN EXCLUSIVE")
+    engine = sqlalchemy.create_engine(f"sqlite:///{database}", connect_args={"timeout": 0})
+    try:
+        with engine.begin() as connection:
+            connection.execute(sqlalchemy.text("CREATE TABLE probe (x INTEGER)"))
+    except sqlalchemy.exc.OperationalError as err:
+        return err
+    finally:
+        holder.rollback()
+        holder.close()
+        engine.dispose()
+    raise AssertionError(f"a write to {database} under another connection's exclusive lock went through")
+
+
+def test_a_busy_sqlite_store_is_retried_not_taken_for_a_refusal(tmp_path, caplog):
+    """CI saw it: a run's metrics and its model's upload write to one SQLite file at once, and SQLite refuses one
+    ("database is locked"). That write goes through on the next try; it must not fail the run."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    client = mlflow.MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("busy")).info.run_id
+    busy = locked_error(tmp_path / "store.db")
+
+    class BusyOnce:
+        """The real client, whose first log_batch meets the locked store."""
+        calls = 0
+
+        def __getattr__(self, name):
+            return getattr(client, name)
+
+        def log_batch(self, *args, **kwargs):
+            BusyOnce.calls += 1
+            if BusyOnce.calls == 1:
+                raise busy
+            return client.log_batch(*args, **kwargs)
+
+    journal = spool.Spool(tmp_path / "run.jsonl", run_id, store)
+    journal.append(metrics=metrics(range(1, 6)))
+    sender = spool.Sender(BusyOnce(), journal)
+    with caplog.at_level(logging.WARNING, logger="maxout"):
+        assert sender.deliver() is False
+    assert sender.error is None and sender.outages == 1 and len(journal.pending()) == 1
+    assert "tracking store busy (database is locked)" in caplog.text
+    assert sender.deliver() is True and not journal.pending()
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/loss")) == [1, 2, 3, 4, 5]
+
+
+def test_an_upload_to_a_sqlite_store_is_retried_when_busy_and_writes_alone(tmp_path, monkeypatch):
+    """The model's upload (config.yaml's, the model's) on a SQLite store: the sender delivers nothing meanwhile (two
+    writes of one process at once can deadlock), and a busy store is tried again, not reported as a failure."""
+    from maxout.config import TrackingConfig
+    from maxout.tracking import tracker as tracker_mod
+
+    monkeypatch.setattr(spool.Sender, "retry_s", 0.05)
+    cfg = TrackingConfig(backend="mlflow", uri=f"sqlite:///{tmp_path / 'store.db'}", experiment_name="busy",
+                         system_metrics=False, spool_dir=str(tmp_path / "spool"))
+    run = tracker_mod.start(cfg, run_name="busy upload")
+    busy, tries, sender_could_deliver = locked_error(tmp_path / "store.db"), [], []
+
+    def try_to_deliver():
+        lock = run._sender._deliver_lock
+        sender_could_deliver.append(lock.acquire(timeout=0.2))
+        if sender_could_deliver[-1]:
+            lock.release()
+
+    def upload():
+        tries.append(1)
+        probe = threading.Thread(target=try_to_deliver)
+        probe.start()
+        probe.join()
+        if len(tries) == 1:
+            raise busy
+        return "stored"
+
+    try:
+        assert run._store(upload) == "stored" and len(tries) == 2
+        assert sender_could_deliver == [False, False]
+    finally:
+        run.close()
+    assert mlflow.MlflowClient(cfg.uri).get_run(run.run_id).info.status == "FINISHED"
 
 
 def test_fail_fast_http_settings_hold_while_any_thread_still_needs_them(monkeypatch):

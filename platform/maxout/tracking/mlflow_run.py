@@ -32,7 +32,7 @@ from ..serving import pyfunc
 from . import preflight, spool as spool_mod
 from .datasets import DataInput, model_name
 from .redact import redact
-from .store import ensure_schema, resolve_uri
+from .store import ensure_schema, resolve_uri, sqlite_file
 
 log = logging.getLogger("maxout")
 T = TypeVar("T")
@@ -59,6 +59,7 @@ class MLflowTracker:
         self._spool = spool_mod.Spool(spool_mod.path_for(run_id, spool_dir), run_id,
                                       redact(mlflow.get_tracking_uri()))
         self._sender = spool_mod.Sender(self.client, self._spool)
+        self._one_writer = sqlite_file(mlflow.get_tracking_uri()) is not None  # see _writing()
         if resumed:  # the run goes on: the end an earlier attempt could not deliver (server away) no longer applies
             self._spool.ack(*(r["seq"] for r in self._spool.pending() if "end" in r))
         self._sender.deliver()  # what a crashed earlier attempt of this run left undelivered goes first
@@ -205,7 +206,7 @@ class MLflowTracker:
         Best effort, with MLflow's retries cut short: after a failed upload the server is most likely away, and its
         default retries (two requests, about two minutes each) held the user's one-line error back for minutes."""
         try:
-            with spool_mod.fail_fast_http():
+            with spool_mod.fail_fast_http(), self._writing():
                 experiment_id = self.client.get_run(self.run_id).info.experiment_id
                 # (Filtered here, not in the query: the SQL store keeps the status as a number, and
                 # status = 'PENDING' finds nothing.)
@@ -228,7 +229,7 @@ class MLflowTracker:
         while True:
             tries += 1
             try:
-                with spool_mod.fail_fast_http(UPLOAD_HTTP):
+                with spool_mod.fail_fast_http(UPLOAD_HTTP), self._writing():
                     result = upload()
                 self._away = False
                 return result
@@ -246,6 +247,12 @@ class MLflowTracker:
                                 "to %.0f s", self.run_id, type(err).__name__, spool_mod.Sender.retry_s,
                                 self.upload_retry_s)
             time.sleep(min(spool_mod.Sender.retry_s, max(left, 0.0)))
+
+    def _writing(self) -> contextlib.AbstractContextManager:
+        """Around the main thread's own writes. SQLite takes one writer at a time, and two of this process's writes
+        at once (the sender's batch of metrics, the model's upload finalizing its model) can deadlock, each having
+        read before writing: SQLite then refuses one of them at once. On a SQLite store the sender waits."""
+        return self._sender.held() if self._one_writer else contextlib.nullcontext()
 
     def close(self, status: str = "FINISHED", reason: str = "") -> None:
         delivered = False
@@ -329,6 +336,8 @@ def _storage_errors() -> tuple[type, ...]:
     """What a failed artifact upload raises. boto3's errors can only come from an S3 upload, which imported boto3
     first; a local or proxied store never needs it (and the GPU report's machine has none)."""
     errors: list[type] = [MlflowException, requests.RequestException]
+    sql = sys.modules.get("sqlalchemy.exc")  # a SQL store's: a busy SQLite file is retried (spool.store_busy)
+    errors += [sql.OperationalError] if sql is not None else []
     for module, names in (("boto3.exceptions", ("Boto3Error",)), ("botocore.exceptions", ("BotoCoreError",
                                                                                           "ClientError"))):
         loaded = sys.modules.get(module)

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -244,10 +245,21 @@ def send(client: Any, run_id: str, record: dict) -> None:
 
 
 def unreachable(err: BaseException) -> bool:
-    """A failure worth retrying later (no connection, timeout, 5xx), as opposed to a request MLflow refuses."""
-    if isinstance(err, (requests.RequestException, ConnectionError, TimeoutError)):
+    """A failure worth retrying later (no connection, timeout, 5xx, a busy SQLite store), as opposed to a request
+    MLflow refuses."""
+    if isinstance(err, (requests.RequestException, ConnectionError, TimeoutError)) or store_busy(err):
         return True
     return isinstance(err, MlflowException) and err.get_http_status_code() >= 500
+
+
+def store_busy(err: BaseException) -> bool:
+    """SQLite's "database is locked": another writer held the file past MLflow's busy timeout (20 s), or SQLite
+    refused the write at once to break a deadlock between two transactions that each read before writing (MLflow's
+    sessions do). The store itself is fine, and the same write goes through on a later try. SQLAlchemy raises it,
+    so it can only come from a store that loaded SQLAlchemy."""
+    errors = sys.modules.get("sqlalchemy.exc")
+    return (errors is not None and isinstance(err, (errors.OperationalError, MlflowException))
+            and "database is locked" in str(err))
 
 
 _http_lock = threading.Lock()
@@ -296,7 +308,8 @@ class Sender:
         self.offline_since: Optional[float] = None
         self.outages = 0
         self.error: Optional[BaseException] = None  # a refusal (4xx): not retried, raised by the tracker
-        self._deliver_lock = threading.Lock()  # one deliverer at a time: the thread, or close() at the end
+        # One deliverer at a time (the thread, or close() at the end), and none while held() is.
+        self._deliver_lock = threading.RLock()
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="maxout-spool-sender", daemon=True)
 
@@ -313,6 +326,12 @@ class Sender:
             self._wake.clear()
             if not self._stop.is_set():
                 self.deliver()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Nothing is delivered while the caller writes to the store itself (records wait in the journal)."""
+        with self._deliver_lock:
+            yield
 
     def deliver(self) -> bool:
         """Send everything pending, in order. True when nothing is left."""
@@ -331,8 +350,10 @@ class Sender:
                             return False
                         if self.offline_since is None:
                             self.offline_since, self.outages = time.monotonic(), self.outages + 1
-                            log.warning("maxout: tracking server unreachable (%s); keeping its records in %s "
-                                        "until it is back", type(err).__name__, self.spool.path)
+                            why = ("tracking store busy (database is locked)" if store_busy(err) else
+                                   f"tracking server unreachable ({type(err).__name__})")
+                            log.warning("maxout: %s; keeping its records in %s until it is back", why,
+                                        self.spool.path)
                         return False
                     delivered.append(record["seq"])
             finally:  # one acknowledgement write per pass (a crash before it re-sends: MLflow keeps each once)
