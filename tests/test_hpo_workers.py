@@ -300,6 +300,18 @@ def test_auto_on_a_gpu_stops_at_what_its_memory_holds(tmp_path, cpu_device):
         auto_workers.resolve(4, [], cfg, gpus(1), tmp_path / "w.json", Rates({}))
 
 
+def test_no_more_workers_than_trials_left_and_no_probe_for_one(tmp_path, cpu_device):
+    cfg = loading.load(["hardware=cpu", "model=tiny"], device=cpu_device)
+    unmeasured = Rates({})  # a probe would fail: it has no rate for any count
+    for left in (1, 0):
+        choice = auto_workers.resolve("auto", [], cfg, cpu(8), tmp_path / "w.json", unmeasured, left=left)
+        assert choice.workers == 1 and f"auto: {left} trial(s) left to run" in choice.reason
+    assert unmeasured.rounds == [] and not (tmp_path / "w.json").exists()
+    given = auto_workers.resolve(4, [], cfg, cpu(8), tmp_path / "w.json", unmeasured, left=3)
+    assert given.workers == 3 and given.reason == "given; 3 trial(s) left to run, so 3 worker(s)"
+    assert auto_workers.resolve(4, [], cfg, cpu(8), tmp_path / "w.json", unmeasured, left=None).workers == 4
+
+
 def test_the_real_probe_measures_a_workers_training(tmp_path, small_data):
     overrides = ["hardware=cpu", "model=tiny", *small_data, "tracking=none"]
     slots = placement.slots(2, cpu(2))

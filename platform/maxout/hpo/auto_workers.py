@@ -149,8 +149,20 @@ def measure(overrides: Sequence[str], cfg: Config, device: DeviceInfo, most: int
 
 
 def resolve(requested: object, overrides: Sequence[str], cfg: Config, device: DeviceInfo, cache_path: Path,
-            prober: Prober = run_probes) -> Choice:
-    """The number of workers for ``hpo.workers=requested`` (an int or auto), checked against the device."""
+            prober: Prober = run_probes, left: Optional[int] = None) -> Choice:
+    """The number of workers for ``hpo.workers=requested`` (an int or auto), checked against the device; never more
+    than the ``left`` trials the study still has to run (None: no limit), and no measurement for one or none."""
+    if requested == "auto" and left is not None and left <= 1:  # nothing to share
+        return Choice(1, f"auto: {max(left, 0)} trial(s) left to run, so one worker, in this process")
+    choice = _resolve(requested, overrides, cfg, device, cache_path, prober)
+    if choice.workers > 1 and left is not None and 0 < left < choice.workers:
+        choice.reason = f"{choice.reason}; {left} trial(s) left to run, so {left} worker(s)"
+        choice.workers = left
+    return choice
+
+
+def _resolve(requested: object, overrides: Sequence[str], cfg: Config, device: DeviceInfo, cache_path: Path,
+             prober: Prober) -> Choice:
     most = placement.capacity(device)
     if requested != "auto":
         workers = int(requested)  # type: ignore[call-overload]

@@ -231,19 +231,14 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
                          storage_mod.heartbeats(storage), [*callbacks, *([stop] if stop else [])], progress, base=cfg,
                          under=under or None, supervised=under is not None)
 
-    if under is not None:
-        optimize(study, objective(under or None), hpo, after_trial=[stop.after_trial] if stop else [])
+    if stop is not None:  # a worker: its supervisor owns the parent run ("" when the study tracks nothing)
+        optimize(study, objective(under or None), hpo, after_trial=[stop.after_trial])
         return StudyResult(hpo.study_name, redact(where), under or None, None, worker=True)
 
     left = None if hpo.n_trials is None else hpo.n_trials - finished(study)
-    if hpo.workers == "auto" and left is not None and left <= 1:  # nothing to share: no measurement
-        choice = auto_workers.Choice(1, f"auto: {max(left, 0)} trial(s) left to run, so one worker, in this process")
-    else:
-        choice = auto_workers.resolve(hpo.workers, overrides, cfg, device,
-                                      storage_mod.store_dir(cfg.tracking) / "hpo_workers.json")
+    choice = auto_workers.resolve(hpo.workers, overrides, cfg, device,
+                                  storage_mod.store_dir(cfg.tracking) / "hpo_workers.json", left=left)
     workers, reason = choice.workers, choice.reason
-    if workers > 1 and left is not None and 0 < left < workers:
-        workers, reason = left, f"{reason}; {left} trial(s) left to run, so {left} worker(s)"
     slots = placement.slots(workers, device) if workers > 1 else []
     parent = start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False,
                    tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name, "maxout.hpo.storage": where,

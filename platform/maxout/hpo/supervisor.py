@@ -42,7 +42,6 @@ from .placement import Slot
 
 PARENT_VAR = "MAXOUT_HPO_PARENT_RUN_ID"  # a worker's parent run ("" without tracking); set only for workers
 SUPERVISOR_VAR = "MAXOUT_HPO_SUPERVISOR_PID"
-SLOT_VAR = "MAXOUT_HPO_WORKER_SLOT"
 STOP_GRACE_S = 30.0
 RESPAWNS_PER_SLOT = 3
 POLL_S = 0.5
@@ -124,7 +123,7 @@ class Worker:
 
     def __init__(self, slot: Slot, overrides: list[str], parent_run_id: Optional[str]):
         self.slot = slot
-        env = {**os.environ, **slot.env(), PARENT_VAR: parent_run_id or "", SLOT_VAR: str(slot.index),
+        env = {**os.environ, **slot.env(), PARENT_VAR: parent_run_id or "",
                SUPERVISOR_VAR: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "maxout", "hpo", *overrides, "--no-progress"], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
