@@ -166,6 +166,38 @@ def test_an_upload_to_a_sqlite_store_is_retried_when_busy_and_writes_alone(tmp_p
     assert mlflow.MlflowClient(cfg.uri).get_run(run.run_id).info.status == "FINISHED"
 
 
+def test_a_runs_start_and_end_go_through_a_busy_store(tmp_path, monkeypatch):
+    """The writes that cannot wait in the journal (a run's creation, its end) are tried again while the store is
+    busy: the run exists once and never stays RUNNING. MLflow's end_run forgets the fluent run before it writes."""
+    from maxout.config import TrackingConfig
+    from maxout.tracking import tracker as tracker_mod
+
+    busy, calls = locked_error(tmp_path / "lock-probe.db"), {}
+
+    def busy_once(name):
+        real = getattr(mlflow.MlflowClient, name)
+
+        def write(self, *args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            if calls[name] == 1:
+                raise busy
+            return real(self, *args, **kwargs)
+        return write
+
+    for name in ("create_run", "set_terminated"):
+        monkeypatch.setattr(mlflow.MlflowClient, name, busy_once(name))
+    cfg = TrackingConfig(backend="mlflow", uri=f"sqlite:///{tmp_path / 'store.db'}", experiment_name="busy",
+                         system_metrics=False, spool_dir=str(tmp_path / "spool"))
+    run = tracker_mod.start(cfg, run_name="busy start and end")
+    run.log_metrics({"train/loss": 0.5}, step=1)
+    run.close()
+    assert calls == {"create_run": 2, "set_terminated": 2} and mlflow.active_run() is None
+    client = mlflow.MlflowClient(cfg.uri)
+    [only] = client.search_runs([client.get_experiment_by_name("busy").experiment_id])
+    assert only.info.run_id == run.run_id and only.info.status == "FINISHED"
+    assert only.data.metrics == {"train/loss": 0.5}
+
+
 def test_fail_fast_http_settings_hold_while_any_thread_still_needs_them(monkeypatch):
     """The sender's thread and an upload open these at once: the first to close must not take away a setting the
     other still relies on (the upload would fall back to MLflow's minutes of retries); a user's value stays."""

@@ -102,9 +102,10 @@ class MLflowTracker:
         use_system = cfg.system_metrics if system_metrics is None else system_metrics
         if use_system:
             mlflow.set_system_metrics_sampling_interval(cfg.system_metrics_interval_s)
-        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=run_name or cfg.run_name,
-                               nested=nested, parent_run_id=under, log_system_metrics=use_system,
-                               tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()})
+        run = spool_mod.retry_busy(lambda: mlflow.start_run(
+            run_id=run_id, experiment_id=experiment_id, run_name=run_name or cfg.run_name, nested=nested,
+            parent_run_id=under, log_system_metrics=use_system,
+            tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()}))
         return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None,
                    upload_retry_s=cfg.upload_retry_s)
 
@@ -115,8 +116,8 @@ class MLflowTracker:
         active run, and a run that is not the active one is ended through the client too (close())."""
         client = mlflow.MlflowClient()
         experiment_id = client.get_run(parent_run_id).info.experiment_id
-        run = client.create_run(experiment_id, run_name=run_name, tags={
-            **{k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()}, "mlflow.parentRunId": parent_run_id})
+        run = spool_mod.retry_busy(lambda: client.create_run(experiment_id, run_name=run_name, tags={
+            **{k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()}, "mlflow.parentRunId": parent_run_id}))
         return cls(run.info.run_id, nested=True, spool_dir=cfg.spool_dir)
 
     # -- logging
@@ -276,11 +277,21 @@ class MLflowTracker:
             active = mlflow.active_run()
             with contextlib.nullcontext() if delivered else _best_effort():
                 if active is not None and active.info.run_id == self.run_id:
-                    mlflow.end_run(status=status)  # pops the fluent run before it calls the server
+                    self._end_fluent(status)
                 elif delivered:
-                    self.client.set_terminated(self.run_id, status=status)
+                    spool_mod.retry_busy(lambda: self.client.set_terminated(self.run_id, status=status))
             if delivered:
                 self._spool.remove()
+
+    def _end_fluent(self, status: str) -> None:
+        """mlflow.end_run pops the fluent run before it writes the end: a busy store's refusal is retried through
+        the client, so the run never stays RUNNING."""
+        try:
+            mlflow.end_run(status=status)
+        except Exception as err:
+            if not spool_mod.store_busy(err):
+                raise
+            spool_mod.retry_busy(lambda: self.client.set_terminated(self.run_id, status=status))
 
 
 def fail_if_running(cfg: TrackingConfig, run_id: str, reason: str) -> None:
@@ -291,8 +302,8 @@ def fail_if_running(cfg: TrackingConfig, run_id: str, reason: str) -> None:
             return
     except MlflowException:
         return
-    client.set_tag(run_id, "maxout.status_reason", redact(reason)[:5000])
-    client.set_terminated(run_id, "FAILED")
+    spool_mod.retry_busy(lambda: client.set_tag(run_id, "maxout.status_reason", redact(reason)[:5000]))
+    spool_mod.retry_busy(lambda: client.set_terminated(run_id, "FAILED"))
 
 
 def dataset_input(data: DataInput) -> DatasetInput:

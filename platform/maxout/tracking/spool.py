@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import mlflow
 import requests
@@ -37,6 +37,8 @@ from ..paths import state_dir
 from .redact import redact
 
 log = logging.getLogger("maxout")
+T = TypeVar("T")
+BUSY_TRIES = 5  # retry_busy: a writer SQLite refused to break a deadlock holds the file for milliseconds
 
 # Format 2 adds what format 1 lacked, compatibly: a metric may carry the logged model it scores and the dataset it
 # was measured on ([key, value, timestamp, step, model_id, dataset_name, dataset_digest]; format 1's four-item
@@ -260,6 +262,20 @@ def store_busy(err: BaseException) -> bool:
     errors = sys.modules.get("sqlalchemy.exc")
     return (errors is not None and isinstance(err, (errors.OperationalError, MlflowException))
             and "database is locked" in str(err))
+
+
+def retry_busy(write: Callable[[], T]) -> T:
+    """``write`` again, after a short wait, while the store is busy (store_busy): for the writes that cannot wait
+    in the journal, such as a run's start and its end (several HPO workers start and end runs on one SQLite file)."""
+    for attempt in range(1, BUSY_TRIES + 1):
+        try:
+            return write()
+        except Exception as err:
+            if attempt == BUSY_TRIES or not store_busy(err):
+                raise
+            log.debug("tracking store busy (try %d of %d): %s", attempt, BUSY_TRIES, redact(str(err).split("\n")[0]))
+            time.sleep(0.25 * attempt)
+    raise AssertionError("unreachable")  # the last try returns or raises
 
 
 _http_lock = threading.Lock()
