@@ -150,6 +150,10 @@ def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int, pad_
         config.pad_token_id = pad_token_id
     if hasattr(config, "use_cache"):
         config.use_cache = False  # a classifier never generates: a KV cache would only cost memory
+    # transformers' classification loss writes problem_type on the first forward with labels when it is unset;
+    # torch.compile guards on it, so that write made a second graph (one more full compile per run). maxout's
+    # labels are always one class id per row (at least two classes): preset what the first forward would write.
+    config.problem_type = "single_label_classification"
     if cfg.dropout is not None:
         for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "hidden_dropout", "attention_dropout",
                     "classifier_dropout"):

@@ -38,10 +38,13 @@ def resolve_mode(requested: str, device: Any, static_shapes: bool) -> Decision:
     return Decision("compile_mode", requested, requested)
 
 
-def apply(model: torch.nn.Module, mode: str, dynamic: bool | None) -> torch.nn.Module:
+def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any = "inductor") -> torch.nn.Module:
     """Compile lazily (the first forward compiles). ``dynamic=True`` marks shapes symbolic from the start,
-    so dynamic padding compiles once instead of once per sequence length."""
-    return torch.compile(model, mode=mode, dynamic=dynamic)
+    so dynamic padding compiles once instead of once per sequence length. ``backend``: inductor for runs; tests
+    count graphs with dynamo's eager backends (a mode is inductor's, so it is passed to inductor only)."""
+    if backend == "inductor":
+        return torch.compile(model, mode=mode, dynamic=dynamic)
+    return torch.compile(model, backend=backend, dynamic=dynamic)
 
 
 def compile_seconds() -> float:

@@ -16,8 +16,9 @@ effective batch instead.)
 
 Probe (``StepProbe``): one real optimizer step (forward, backward, AdamW step; two accumulated micro-batches when
 the run will accumulate, since the first one's gradients are then alive during the second) on copies of the longest
-training row, with the optimizer state already allocated: the memory of the run's worst step. On a GPU it runs on
-the device and catches torch.OutOfMemoryError; on a CPU it runs in eager mode under batch_finder.memory_budget_gb
+training row, with the optimizer state already allocated: the memory of the run's worst step. It runs eager on every
+device, so the finder compiles nothing (the run compiles its one graph afterwards). On a GPU it runs on the device
+and catches torch.OutOfMemoryError; on a CPU it runs under batch_finder.memory_budget_gb
 (default: the available host memory), counted by tensor_memory.TensorMemory. Any ``fits(rows) -> bool`` can stand
 in for it (tests use a synthetic memory model).
 
@@ -155,8 +156,11 @@ class StepProbe:
     @classmethod
     def build(cls, cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any, target: int,
               budget_bytes: Optional[float]) -> "StepProbe":
-        if not device.is_cuda:  # the CPU meter counts eager tensors; a compile would only cost time here
-            cfg = replace(cfg, hardware=replace(cfg.hardware, compile=False))
+        # Probes run eager on every device. A compiled probe paid a full compile of its own before the run compiled
+        # again (dynamo specializes a batch of 1, so the 1-row probe and the next one made two graphs: three full
+        # compiles, 108 s on an H200). Eager is the safe side: inductor's fusions keep fewer intermediates, so
+        # a compiled step needs no more memory than the eager one (and the CPU meter counts eager tensors).
+        cfg = replace(cfg, hardware=replace(cfg.hardware, compile=False))
         return cls(build(cfg, device, dataset, tokenizer, micro_batch=1), target, budget_bytes)
 
     @property

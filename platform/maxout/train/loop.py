@@ -89,7 +89,7 @@ def _forward_backward(s: Setup, micro_batches: Sequence[dict]) -> torch.Tensor:
         inputs = {k: chunk[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in chunk}
         with s.gradient_sync(last=i == len(pieces) - 1):  # data parallel: all-reduce once per step, not per piece
             with s.precision.autocast():
-                loss = s.forward(**inputs).loss * share / len(micro_batches)
+                loss = s.forward_for(len(chunk["labels"]))(**inputs).loss * share / len(micro_batches)
             scaler.scale(loss).backward()
         step_loss += loss.detach()
     return step_loss

@@ -59,9 +59,16 @@ class Setup:
     divergence: DivergenceWatch = field(default_factory=DivergenceWatch)  # the first non-finite step, on device
     world: World = SINGLE  # this process's place in the job (train/distributed.py)
     parallel: Any = None  # DDP's wrapper, or the FSDP-sharded model; None in one process
+    eager: Optional[Callable] = None  # ``forward`` before compile wrapped it (None: forward is not compiled)
 
     def decision(self, name: str) -> Decision:
         return named(self.decisions, name)
+
+    def forward_for(self, rows: int) -> Callable:
+        """What a micro-batch of ``rows`` rows runs. Dynamo specializes a dimension of size 1, so a one-row batch
+        (an epoch's remainder, or out-of-memory recovery's smallest chunk) would compile a second graph, a full
+        compile for one batch: it runs eager instead. (A packed batch is always one row: its graph is that.)"""
+        return self.eager if rows == 1 and self.eager is not None and not self.packed else self.forward
 
     def gradient_sync(self, last: bool) -> ContextManager:
         """Data parallel: gradients cross the network on the optimizer step's last backward only."""
@@ -260,7 +267,9 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
     flop_probe = m.probe(model, model_config)
     parallel = build_parallel(cfg, device, classifier, world, decisions)
     optimizer, scheduler = build_optimizer(cfg, model, total, decisions)
-    forward = build_compile(cfg, parallel or classifier, decisions)
+    eager = parallel or classifier
+    forward = build_compile(cfg, eager, decisions)
+    compiled = forward is not eager
     if named(decisions, "fast_dropout").effective:
         forward = fast_dropout.apply(forward)
     decisions += d_model + [d_accum]
@@ -271,6 +280,7 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   eval_loader=eval_loader, sampler=sampler, micro_batch=micro_batch, accum_steps=accum_steps,
                   clip_norm=cfg.train.max_grad_norm if named(decisions, "grad_clipping").effective else 0.0,
                   decisions=decisions, timings=timings, flop_probe=flop_probe, world=world, parallel=parallel,
+                  eager=eager if compiled else None,
                   # one rank re-running a step alone would leave the others waiting at its all-reduce
                   oom=OOMRecovery(enabled=world.size == 1))
     counts = modeling.count_parameters(model)
