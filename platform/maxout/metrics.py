@@ -38,11 +38,13 @@ import re
 import resource
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pynvml
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def sync(device_type: str) -> None:
@@ -340,6 +342,47 @@ class UtilizationSampler:
             return {}
         return {"gpu/utilization_mean": sum(self.samples) / len(self.samples),
                 "gpu/utilization_max": float(max(self.samples))}
+
+
+# The aten ops that make the host wait for the device: they return a value the host reads (a scalar, a
+# data-dependent size) or copy to host memory. On a CPU they run as everywhere, so counting them there says how
+# often the same code would stall a GPU.
+SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero",
+                      "aten::nonzero_static", "aten::equal", "aten::masked_select", "aten::unique_consecutive",
+                      "aten::_unique2", "aten::unique_dim"})
+
+
+class HostSyncs(TorchDispatchMode):
+    """Counts, per op name, the calls in ``SYNC_OPS`` and the copies from a device to the host (``.cpu()``,
+    ``.to("cpu")``) made while it is active. (``Tensor.tolist()`` of a CPU tensor dispatches nothing: on a GPU it
+    is a copy, counted.) ``mark()`` returns the count since the previous mark: the syncs of one step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+        self._marked = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket._qualified_op_name
+        if name in SYNC_OPS or (name in ("aten::_to_copy", "aten::copy_") and _to_host(name, args, kwargs)):
+            self.counts[name] += 1
+        return func(*args, **kwargs)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def mark(self) -> int:
+        since, self._marked = self.total - self._marked, self.total
+        return since
+
+
+def _to_host(name: str, args: tuple, kwargs: dict) -> bool:
+    if name == "aten::copy_":  # dst.copy_(src)
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    target = kwargs.get("device")
+    return args[0].device.type != "cpu" and target is not None and torch.device(target).type == "cpu"
 
 
 def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_labels: int) -> torch.Tensor:
