@@ -45,7 +45,7 @@ def test_auto_picks_cpu_without_gpu_and_keeps_hardware_overrides(cpu_device):
 
 @pytest.mark.parametrize("name,expected", [("NVIDIA GeForce RTX 3090", "rtx3090"), ("NVIDIA GeForce RTX 4090", "rtx4090"),
                                            ("NVIDIA GeForce RTX 5090", "rtx5090"), ("NVIDIA A100-SXM4-80GB", "a100"),
-                                           ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h100")])
+                                           ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200")])
 def test_auto_picks_the_named_profile(name, expected):
     assert loading.load([], device=fake_cuda(name=name, memory_gb=80)).hardware.name == expected
 

@@ -111,6 +111,11 @@ SETTINGS: dict[str, Case] = {
                                {"opt.padding.effective": "max_length", "opt.bucketing.effective": "false"},
                                lambda r, d: next(iter(r.setup.train_loader))["input_ids"].shape[1] == 128,
                                {"opt.bucketing.reason": "pads every row to the same length"}),
+    "pad_widths": Case(["hardware.pad_widths=3"], {"opt.pad_widths.effective": "3"},
+                       lambda r, d: len({b["input_ids"].shape[1] for b in r.setup.train_loader}) <= 3),
+    "pad_widths_auto_off_without_cuda_graphs": Case(
+        ["hardware.pad_widths=auto"], {"opt.pad_widths.requested": "auto", "opt.pad_widths.effective": "none"},
+        lambda r, d: r.setup.train_loader.collate_fn.widths is None, {"opt.pad_widths.reason": "only CUDA graphs"}),
     "freeze_encoder": Case(["model.freeze_encoder=true"], {"opt.freeze_encoder.effective": "true"},
                            lambda r, d: {n for n, p in r.setup.model.named_parameters() if p.requires_grad}
                            == {"classifier.weight", "classifier.bias"}),

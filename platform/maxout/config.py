@@ -95,6 +95,7 @@ class HardwareConfig:
     attn_implementation: str = "sdpa"
     fused_adamw: bool = True
     fast_dropout: bool = False  # CPU dropout masks from bulk random bits (optimizations/fast_dropout.py)
+    pad_widths: Any = "auto"  # dynamic padding rounds to this many widths (CUDA graphs): int, auto or null (off)
     batch_size: Any = 32  # per-device micro-batch: int or 'auto' (batch finder)
     num_workers: Any = "auto"  # int or 'auto' = cores - 2, at least 0
     pin_memory: bool = True
@@ -108,6 +109,10 @@ class HardwareConfig:
         _check(self.attn_implementation in ATTENTION,
                f"hardware.attn_implementation={one_of(self.attn_implementation, ATTENTION)}")
         _positive_int_or_auto(self.batch_size, "hardware.batch_size")
+        _check(self.pad_widths in ("auto", None) or (isinstance(self.pad_widths, int)
+                                                     and not isinstance(self.pad_widths, bool)
+                                                     and 1 <= self.pad_widths <= 64),
+               f"hardware.pad_widths={self.pad_widths!r} is invalid: use an integer in [1, 64], 'auto' or null")
         _check(self.num_workers == "auto" or (isinstance(self.num_workers, int) and self.num_workers >= 0),
                f"hardware.num_workers={self.num_workers!r} is invalid: use an integer >= 0 or 'auto'")
         _check(self.prefetch_factor >= 1, f"hardware.prefetch_factor={self.prefetch_factor} must be >= 1")

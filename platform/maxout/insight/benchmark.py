@@ -35,6 +35,7 @@ from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, named, packing
+from ..optimizations import pad_widths
 from ..optimizations import precision as precision_opt, tf32
 from ..tracking.params import NOTE, device_params, note, run_name
 from ..tracking.tracker import Tracker, closing, start
@@ -63,7 +64,7 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
         if axis == "compile_mode":
             if not asked.get("compile", cfg.hardware.compile):
                 return "compile_mode: compile is off (add compile=on to the grid, or hardware.compile=true)"
-            decision = compile_opt.resolve_mode(value, device, cfg.data.padding == "max_length")
+            decision = compile_opt.resolve_mode(value, device, cfg.data.padding, _widths(cfg, device, value))
             if decision.changed:
                 return f"compile_mode {value}: {decision.reason}"
         if axis == "attention" and value == "flash_attention_2" and not device.flash_attention:
@@ -77,6 +78,11 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
             if not ok:
                 return f"padding packed: {reason}"
     return ""
+
+
+def _widths(cfg: Config, device: DeviceInfo, compile_mode: str) -> object:
+    """The pad widths a cell with ``compile_mode`` would get (pad_widths.resolve, with compile on)."""
+    return pad_widths.resolve(cfg.hardware.pad_widths, device, True, compile_mode, cfg.data.padding).effective
 
 
 def packing_support(cfg: Config, device: DeviceInfo, precision: str, tokenizer: Any = None) -> tuple[bool, str]:

@@ -16,7 +16,7 @@ from .base import Decision, decide, named
 NAMES = (
     "precision", "tf32", "cudnn_benchmark", "deterministic", "fused_adamw", "compile", "compile_mode",
     "gradient_checkpointing", "attention", "accumulation", "grad_clipping", "num_workers", "pin_memory",
-    "persistent_workers", "prefetch_factor", "bucketing", "padding", "freeze_encoder", "adapter", "fast_dropout",
+    "persistent_workers", "prefetch_factor", "bucketing", "padding", "pad_widths", "freeze_encoder", "adapter", "fast_dropout",
     "data_parallel",
 )
 

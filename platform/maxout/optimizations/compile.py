@@ -1,12 +1,19 @@
 """torch.compile with a mode; compile time is taken from torch's own accounting, apart from steady-state speed.
 
-CUDA-graph modes (reduce-overhead, max-autotune) replay fixed shapes: with dynamic padding every new sequence
-length would re-record, so they are downgraded with a reason unless padding is static.
+CUDA-graph modes (reduce-overhead, max-autotune) replay a recorded step with one launch: the lever for a step bound
+by the host. cudagraph trees record one graph per input shape, so they run where the shapes are few: static padding
+(data.padding=max_length), or dynamic padding rounded to a few widths (hardware.pad_widths, pad_widths.py). With
+arbitrary widths or packed batches (a new length every step) they are downgraded with a reason.
+
+Under CUDA graphs a step's outputs live in the graphs' memory pool until the next replay: each forward marks a new
+step (``with_step_marks``), and gradients keep buffers of their own (``Setup.zero_grad``), since a .grad that a
+first backward left in the pool would be overwritten by the next micro-batch's replay before the optimizer reads it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 import torch._dynamo
@@ -27,15 +34,38 @@ def supported(device: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def resolve_mode(requested: str, device: Any, static_shapes: bool) -> Decision:
-    if requested in CUDAGRAPH_MODES and not device.is_cuda:
-        fallback = "default" if requested == "reduce-overhead" else "max-autotune-no-cudagraphs"
+def resolve_mode(requested: str, device: Any, padding: str, widths: Any = None) -> Decision:
+    """``padding``: data.padding; ``widths``: the pad_widths decision's effective value (None: none)."""
+    if requested not in CUDAGRAPH_MODES:
+        return Decision("compile_mode", requested, requested)
+    fallback = "default" if requested == "reduce-overhead" else "max-autotune-no-cudagraphs"
+    if not device.is_cuda:
         return Decision("compile_mode", requested, fallback, "CUDA graphs need a CUDA device")
-    if requested in CUDAGRAPH_MODES and not static_shapes:
-        fallback = "default" if requested == "reduce-overhead" else "max-autotune-no-cudagraphs"
+    if padding == "packed":
+        return Decision("compile_mode", requested, fallback, "CUDA graphs record one graph per shape, and packed "
+                                                             "batches change length every step")
+    if padding == "dynamic" and not widths:
         return Decision("compile_mode", requested, fallback,
-                        "CUDA graphs need static shapes: set data.padding=max_length to use them")
+                        "CUDA graphs record one graph per shape: round dynamic padding to a few widths "
+                        "(hardware.pad_widths=auto or 8) or set data.padding=max_length")
     return Decision("compile_mode", requested, requested)
+
+
+def records_graphs(mode: str) -> bool:
+    return mode in CUDAGRAPH_MODES
+
+
+def with_step_marks(forward: Callable) -> Callable:
+    """``forward`` that first tells cudagraph trees a new step begins, so the previous replay's outputs may be
+    reused (torch's own guess, "a forward after the pending backward ran", fails with accumulation or
+    out-of-memory chunks)."""
+
+    @functools.wraps(forward)
+    def forward_in_new_step(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return forward(*args, **kwargs)
+
+    return forward_in_new_step
 
 
 def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any = "inductor") -> torch.nn.Module:

@@ -64,7 +64,7 @@ def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> 
                 raise
             message = first_line(err)
         # Outside the handler, so the traceback no longer pins the failed attempt's activations.
-        s.optimizer.zero_grad(set_to_none=True)
+        s.zero_grad()
         s.oom.halve(message, list(micro_batches), step=s.scheduler.last_epoch + 1, device_type=s.device.torch_device)
     for batch in micro_batches:
         meter.add(len(batch["labels"]), batch["num_real_tokens"], batch["num_tokens"])
@@ -75,7 +75,7 @@ def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> 
     s.divergence.record(s.scheduler.last_epoch + 1, step_loss, grad_norm, s.model.parameters(), scaler)  # no sync
     scaler.step(s.optimizer)
     scaler.update()
-    s.optimizer.zero_grad(set_to_none=True)  # frees grad memory and skips a memset
+    s.zero_grad()
     s.scheduler.step()
     return step_loss
 

@@ -25,7 +25,8 @@ from ..hardware import DeviceInfo
 from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
-from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, precision as precision_opt, tf32
+from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
+from ..optimizations import tf32
 from ..serving import pooling
 from .distributed import SINGLE, World
 from .divergence import DivergenceWatch
@@ -60,6 +61,7 @@ class Setup:
     world: World = SINGLE  # this process's place in the job (train/distributed.py)
     parallel: Any = None  # DDP's wrapper, or the FSDP-sharded model; None in one process
     eager: Optional[Callable] = None  # ``forward`` before compile wrapped it (None: forward is not compiled)
+    cuda_graphs: bool = False  # the compiled forward replays CUDA graphs (compile.py: gradients keep their buffers)
 
     def decision(self, name: str) -> Decision:
         return named(self.decisions, name)
@@ -69,6 +71,11 @@ class Setup:
         (an epoch's remainder, or out-of-memory recovery's smallest chunk) would compile a second graph, a full
         compile for one batch: it runs eager instead. (A packed batch is always one row: its graph is that.)"""
         return self.eager if rows == 1 and self.eager is not None and not self.packed else self.forward
+
+    def zero_grad(self) -> None:
+        """Clear the gradients: set to None (frees their memory, skips a memset), except under CUDA graphs, where
+        each .grad keeps a buffer of its own (see compile.py) and is zeroed in place."""
+        self.optimizer.zero_grad(set_to_none=not self.cuda_graphs)
 
     def gradient_sync(self, last: bool) -> ContextManager:
         """Data parallel: gradients cross the network on the optimizer step's last backward only."""
@@ -129,13 +136,14 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_fused = decide("fused_adamw", hw.fused_adamw, fused_adamw.supported(device))
     d_clip = decide("grad_clipping", tr.max_grad_norm, grad_clipping.supported(tr.max_grad_norm), off=0.0)
     d_compile = decide("compile", hw.compile, compile_opt.supported(device))
-    d_mode = (compile_opt.resolve_mode(hw.compile_mode, device, dc.padding == "max_length") if d_compile.effective
-              else Decision("compile_mode", hw.compile_mode, "none", "compile is off"))
+    d_widths = pad_widths.resolve(hw.pad_widths, device, d_compile.effective, hw.compile_mode, d_pad.effective)
+    d_mode = (compile_opt.resolve_mode(hw.compile_mode, device, d_pad.effective, d_widths.effective)
+              if d_compile.effective else Decision("compile_mode", hw.compile_mode, "none", "compile is off"))
     d_dropout = decide("fast_dropout", hw.fast_dropout,
                        fast_dropout.supported(device, d_compile.effective, d_ckpt.effective))
     d_parallel = data_parallel.resolve(cfg.distributed.strategy, world.size, world.initialized, d_prec.effective)
-    return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_fused, d_clip, d_compile,
-            d_mode, d_dropout, d_parallel]
+    return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_widths, d_fused, d_clip,
+            d_compile, d_mode, d_dropout, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -171,10 +179,17 @@ def build_classifier(cfg: Config, model: torch.nn.Module, packed: bool) -> torch
     return pooling.PooledClassifier(inner, kind) if kind else model
 
 
-def build_collator(cfg: Config, device: DeviceInfo, tokenizer: Any) -> data_mod.Collator:
+def pad_multiple(cfg: Config, device: DeviceInfo) -> Optional[int]:
     dc = cfg.data
-    multiple = (8 if device.is_cuda else None) if dc.pad_to_multiple_of == "auto" else dc.pad_to_multiple_of
-    return data_mod.Collator(tokenizer.pad_token_id, dc.max_length if dc.padding == "max_length" else None, multiple)
+    return (8 if device.is_cuda else None) if dc.pad_to_multiple_of == "auto" else dc.pad_to_multiple_of
+
+
+def build_collator(cfg: Config, device: DeviceInfo, tokenizer: Any, widths: Optional[list] = None
+                   ) -> data_mod.Collator:
+    """``widths``: the only widths dynamic padding may take (pad_widths.ladder), None for any."""
+    dc = cfg.data
+    return data_mod.Collator(tokenizer.pad_token_id, dc.max_length if dc.padding == "max_length" else None,
+                             pad_multiple(cfg, device), widths)
 
 
 Encode = Callable[[Any, data_mod.Table, int], data_mod.Encoded]  # data.encode, or a warm start's cache of it
@@ -186,7 +201,9 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     dc = cfg.data
     train_enc = encode(tokenizer, dataset.train, dc.max_length)
     eval_enc = encode(tokenizer, dataset.validation, dc.max_length)
-    collate = build_collator(cfg, device, tokenizer)
+    count = named(planned, "pad_widths").effective
+    widths = pad_widths.ladder(train_enc.lengths, count, pad_multiple(cfg, device)) if count else None
+    collate = build_collator(cfg, device, tokenizer, widths)
     settings = loader_settings(planned)
     if named(planned, "padding").effective == "packed":  # this rank's share of the epoch's token-budget batches
         budget = packing.token_budget(dc.max_tokens_per_batch, micro_batch, train_enc.lengths)
@@ -242,7 +259,9 @@ def build_compile(cfg: Config, model: torch.nn.Module, planned: list[Decision]) 
         return model
     # Dynamic padding changes the sequence length every batch: mark shapes dynamic up front (one compile).
     static = cfg.data.padding == "max_length"
-    return compile_opt.apply(model, named(planned, "compile_mode").effective, dynamic=None if static else True)
+    mode = named(planned, "compile_mode").effective
+    compiled = compile_opt.apply(model, mode, dynamic=None if static else True)
+    return compile_opt.with_step_marks(compiled) if compile_opt.records_graphs(mode) else compiled
 
 
 def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
@@ -281,8 +300,13 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   clip_norm=cfg.train.max_grad_norm if named(decisions, "grad_clipping").effective else 0.0,
                   decisions=decisions, timings=timings, flop_probe=flop_probe, world=world, parallel=parallel,
                   eager=eager if compiled else None,
+                  cuda_graphs=compiled and compile_opt.records_graphs(named(decisions, "compile_mode").effective),
                   # one rank re-running a step alone would leave the others waiting at its all-reduce
                   oom=OOMRecovery(enabled=world.size == 1))
+    if setup.cuda_graphs:  # gradients keep buffers of their own under CUDA graphs (compile.py), from the start
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
     counts = modeling.count_parameters(model)
     setup.derived = {
         "micro_batch": micro_batch, "accumulation_steps": accum_steps,
@@ -304,6 +328,9 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
         setup.derived["pooling"] = classifier.pooling
     if setup.packed:
         setup.derived["max_tokens_per_batch"] = sampler.max_tokens
+    widths = getattr(train_loader.collate_fn, "widths", None)
+    if widths:
+        setup.derived["pad_widths"] = " ".join(map(str, widths))
     if named(decisions, "adapter").effective != "none":
         setup.derived["lora_target_modules"] = lora.describe(lora.applied_targets(model))
     return setup

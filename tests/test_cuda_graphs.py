@@ -1,0 +1,106 @@
+"""CUDA graphs with bucketed dynamic padding (issue 37): the decisions on described GPUs, the widths dynamic
+padding rounds to, and what a CUDA-graph step does differently (a step mark per forward, gradients in buffers of
+their own), all on CPU; the Hopper profiles ask for it, and hardware=auto picks the H200's own profile."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from maxout import loading
+from maxout.optimizations import compile as compile_opt, named, pad_widths
+from maxout.tracking.tracker import NullTracker
+from maxout.train import train
+from maxout.train.loop import train_step
+from maxout.metrics import Throughput
+from maxout.train.setup import plan_decisions
+from transformers import BertForSequenceClassification
+
+from .conftest import TINY, fake_cuda
+
+H100 = fake_cuda(name="NVIDIA H100 80GB HBM3", memory_gb=79.2, cc=(9, 0))
+H200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
+
+
+@pytest.fixture
+def triton(monkeypatch):
+    """A described GPU's compile needs triton, which this CPU machine may lack: say it is there."""
+    monkeypatch.setattr(compile_opt, "has_triton", lambda: True)
+
+
+@pytest.mark.parametrize("device, profile", [(H100, "h100"), (H200, "h200"),
+                                             (fake_cuda(name="NVIDIA GH200 480GB", memory_gb=94.5, cc=(9, 0)), "h200")])
+def test_the_hopper_profiles_run_cuda_graphs_over_eight_widths(device, profile, triton):
+    cfg = loading.load([], device=device)
+    assert cfg.hardware.name == profile
+    decisions = plan_decisions(cfg, device, BertForSequenceClassification)
+    widths, mode = named(decisions, "pad_widths"), named(decisions, "compile_mode")
+    assert (widths.requested, widths.effective, mode.effective) == ("auto", 8, "reduce-overhead")
+    assert "one graph per padded width" in widths.reason
+    assert cfg.hardware.batch_size == (256 if profile == "h200" else 128)  # the H200 holds twice the batch
+
+
+@pytest.mark.parametrize("overrides, widths, mode, reason", [
+    # dynamic padding without widths: CUDA graphs would record one graph per sequence length
+    (["hardware.pad_widths=null"], None, "default", "round dynamic padding to a few widths"),
+    (["data.padding=packed"], None, "default", "packed batches change length every step"),
+    (["data.padding=max_length"], None, "reduce-overhead", "pads every batch to one width already"),
+    (["hardware.compile_mode=default"], None, "default", "only CUDA graphs"),
+    (["hardware.pad_widths=4"], 4, "reduce-overhead", ""),
+    (["hardware.compile_mode=max-autotune"], 8, "max-autotune", "one graph per padded width"),
+])
+def test_cuda_graph_decisions_on_a_described_h100(overrides, widths, mode, reason, triton):
+    cfg = loading.load(["hardware=h100", "model=tiny", *overrides], device=H100)
+    decisions = plan_decisions(cfg, H100, BertForSequenceClassification)
+    d_widths, d_mode = named(decisions, "pad_widths"), named(decisions, "compile_mode")
+    assert (d_widths.effective, d_mode.effective) == (widths, mode)
+    assert reason in d_widths.reason + d_mode.reason
+
+
+def test_cuda_graphs_need_a_cuda_device(cpu_device):
+    decision = compile_opt.resolve_mode("reduce-overhead", cpu_device, "dynamic", 8)
+    assert (decision.effective, decision.reason) == ("default", "CUDA graphs need a CUDA device")
+    assert pad_widths.resolve("auto", cpu_device, True, "reduce-overhead", "dynamic").effective is None
+
+
+def test_the_widths_are_the_rows_length_quantiles_rounded_up():
+    lengths = list(range(1, 101))  # 1..100 tokens
+    assert pad_widths.ladder(lengths, 4, 8) == [32, 56, 80, 104]
+    assert pad_widths.ladder(lengths, 4) == [25, 50, 75, 100]
+    assert pad_widths.ladder([7] * 50 + [120], 8, 8) == [8, 120]  # equal quantiles collapse: fewer widths
+    with pytest.raises(ValueError):
+        pad_widths.ladder(lengths, 0)
+
+
+def test_a_run_pads_to_its_widths_only(cpu_device):
+    """hardware.pad_widths=4 on CPU (where it only rounds): every training batch takes one of the 4 widths."""
+    tracker = NullTracker()
+    result = train(loading.load([*TINY, "hardware.pad_widths=4", "data.bucketing=true"], device=cpu_device),
+                   tracker=tracker, progress=False, device=cpu_device, verbose=False)
+    widths = [int(w) for w in tracker.params["derived.pad_widths"].split()]
+    assert len(widths) == 4 and tracker.params["opt.pad_widths.effective"] == "4"
+    seen = {batch["input_ids"].shape[1] for batch in result.setup.train_loader}
+    assert seen <= set(widths) and len(seen) > 1
+
+
+def test_a_cuda_graph_step_marks_each_forward_and_keeps_gradient_buffers(monkeypatch, cpu_device, one_torch_thread):
+    """Under CUDA graphs each micro-batch's forward starts a new cudagraph step, and .grad tensors stay the same
+    buffers across steps (zeroed in place): a .grad left in the graphs' pool by a first backward would be
+    overwritten by the next replay, before the optimizer reads it (accumulation)."""
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    result = train(loading.load([*TINY, "train.max_steps=1"], device=cpu_device), tracker=NullTracker(),
+                   progress=False, device=cpu_device, verbose=False)
+    s = dataclasses.replace(result.setup, forward=compile_opt.with_step_marks(result.setup.model), cuda_graphs=True)
+    for p in s.model.parameters():
+        p.grad = torch.zeros_like(p)
+    buffers = {id(p): p.grad for p in s.model.parameters()}
+    batches = iter(s.train_loader)
+    meter = Throughput("cpu")
+    for _ in range(2):
+        train_step(s, [next(batches), next(batches)], meter)  # two accumulated micro-batches per step
+    assert len(marks) == 4
+    assert all(p.grad is buffers[id(p)] for p in s.model.parameters())
+    assert all(not p.grad.any() for p in s.model.parameters())  # zeroed in place after the optimizer step
