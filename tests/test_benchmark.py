@@ -106,8 +106,11 @@ def test_gpu_axes_are_asked_for_by_name_and_skip_what_the_device_cannot_honour(c
         "attention flash_attention_2: no CUDA device")
     gpu = fake_cuda(name="NVIDIA H100 80GB HBM3", cc=(9, 0))
     (dynamic,) = grid_mod.cells(grid_mod.parse_grid("compile_mode=max-autotune"))
-    assert benchmark.skip_reason(dynamic, gpu, cfg) == ("compile_mode max-autotune: CUDA graphs need static shapes: "
-                                                        "set data.padding=max_length to use them")
+    assert benchmark.skip_reason(dynamic, gpu, cfg) == ""  # dynamic padding rounds to pad_widths (auto: 8)
+    unrounded = loading.load([*BASE, "hardware.compile=true", "hardware.pad_widths=null"], device=cpu_device)
+    assert benchmark.skip_reason(dynamic, gpu, unrounded) == (
+        "compile_mode max-autotune: CUDA graphs record one graph per shape: round dynamic padding to a few widths "
+        "(hardware.pad_widths=auto or 8) or set data.padding=max_length")
     static = loading.load([*BASE, "hardware.compile=true", "data.padding=max_length", "data.bucketing=false"],
                           device=cpu_device)
     assert benchmark.skip_reason(dynamic, gpu, static) == ""
@@ -125,7 +128,8 @@ def test_the_default_grid_is_every_value_of_every_axis():
 
 @pytest.mark.parametrize("grid,message", [
     ("precison=fp32", "unknown grid key 'precison' (valid: precision, compile, gradient_checkpointing, bucketing, "
-                      "fused_adamw, fast_dropout, tf32, compile_mode, attention, padding)"),
+                      "fused_adamw, fast_dropout, tf32, compile_mode, attention, liger_kernel, inductor_tuning, "
+                      "padding)"),
     ("padding=packed bucketing=on", "grid keys 'padding' and 'bucketing' both set data.bucketing: name one of them"),
     ("padding=unpadded", "grid padding='unpadded' is invalid (valid: dynamic, bucketed, packed)"),
     ("precision=fp8", "grid precision='fp8' is invalid (valid: fp32, fp16, bf16)"),

@@ -136,9 +136,31 @@ def test_reduce_overhead_captures_and_replays_cuda_graphs_with_static_shapes(mon
     assert all(torch.isfinite(torch.tensor(losses(tracker))))
 
 
+def test_reduce_overhead_replays_cuda_graphs_over_bucketed_dynamic_padding(monkeypatch):
+    """Issue 37: CUDA graphs with dynamic padding rounded to pad_widths, with accumulation (two forwards per step:
+    gradients must keep their own buffers), one dynamo graph, no skipped cudagraph, finite losses."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(torch._inductor.config.triton, "cudagraph_or_error", True)  # a skipped graph is an error
+    profile = ProfileSteps(start=14, stop=17)
+    result, tracker = run("hardware.compile=true", "hardware.compile_mode=reduce-overhead", "hardware.pad_widths=4",
+                          "data.bucketing=true", "train.batch_size=16", "train.target_effective_batch=32",
+                          "train.max_steps=18", base=GPU_TINY, callbacks=[profile])
+    assert tracker.params["opt.compile_mode.effective"] == "reduce-overhead"
+    assert len(tracker.params["derived.pad_widths"].split()) <= 4
+    assert counters["inductor"]["cudagraph_skips"] == 0 and counters["stats"]["unique_graphs"] == 1
+    assert profile.count("cudaGraphLaunch") >= 2 * 3
+    assert all(torch.isfinite(torch.tensor(losses(tracker))))
+
+
 def test_gpu_utilization_is_sampled_inside_the_training_window():
     result, _ = run("train.max_steps=40", "train.epochs=1")
     assert 0 <= result.metrics["gpu/utilization_mean"] <= result.metrics["gpu/utilization_max"] <= 100
+    # CUDA-event busy time over the same steady window, beside it
+    assert 0 < result.metrics["gpu/busy_s"] <= result.metrics["time/steady_window_s"]
+    assert 0 < result.metrics["gpu/busy_share"] <= 1
 
 
 def test_bf16_and_fp32_agree_on_the_first_loss():

@@ -154,3 +154,63 @@ def test_gpu_utilization_is_absent_without_nvml():
             raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     assert metrics.UtilizationSampler(nvml=NoNvml()).start().stop() == {}
+
+
+class FakeEvent:
+    """A timing event on a fake clock that advances 1 ms per record()."""
+
+    clock = 0.0
+
+    def record(self):
+        FakeEvent.clock += 1.0
+        self.at = FakeEvent.clock
+
+    def elapsed_time(self, other):
+        return other.at - self.at
+
+
+def test_gpu_figures_cover_the_steady_window_only():
+    """NVML starts when warm-up ends (compile and CUDA-graph recording are not steady work), pauses around an
+    evaluation, and CUDA-event busy time counts the steady steps only (issue 37: NVML logged 7.4% next to 24% MFU,
+    sampled from before step 1 to after the last evaluation)."""
+    nvml = FakeNvml()
+    window = metrics.SteadyWindow(metrics.UtilizationSampler(interval_s=60.0, nvml=nvml), metrics.DeviceBusy(FakeEvent))
+    meter = metrics.Throughput("cpu", warmup_steps=2, window=window)
+    meter.start()
+
+    def step():
+        meter.begin_step()
+        meter.add(4, 40, 64)
+        meter.step()
+
+    step()
+    assert nvml.inits == 0 and not window.busy.active  # warm-up: nothing sampled
+    step()  # the last warm-up step opens the window
+    assert nvml.inits == 1 and window.busy.active
+    step(), step()
+    meter.pause()  # an evaluation
+    meter.begin_step(), meter.step()  # not timed while paused
+    meter.resume()
+    step()
+    summary = meter.summary()
+    figures = window.stop(summary["time/steady_window_s"])
+    assert window.busy.steps == 3 and figures["gpu/busy_s"] == pytest.approx(0.003)  # 1 ms per steady step
+    assert figures["gpu/busy_share"] == pytest.approx(0.003 / summary["time/steady_window_s"])
+    assert figures["gpu/utilization_mean"] == 73.0 and (nvml.inits, nvml.shutdowns) == (1, 1)
+
+
+def test_a_paused_sampler_takes_no_closing_reading():
+    nvml = FakeNvml()
+    sampler = metrics.UtilizationSampler(interval_s=60.0, nvml=nvml).start()
+    sampler.pause()
+    assert sampler.stop() == {} and nvml.shutdowns == 1
+
+
+def test_no_steady_window_no_gpu_figures():
+    """A run shorter than its warm-up never opens the window: no utilization, no busy time (and NVML untouched)."""
+    nvml = FakeNvml()
+    window = metrics.SteadyWindow(metrics.UtilizationSampler(nvml=nvml), metrics.DeviceBusy(FakeEvent))
+    meter = metrics.Throughput("cpu", warmup_steps=3, window=window)
+    meter.start()
+    meter.begin_step(), meter.step()
+    assert window.stop(meter.summary().get("time/steady_window_s")) == {} and nvml.inits == 0

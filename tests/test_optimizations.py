@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from maxout import loading
-from maxout.optimizations import NAMES, grad_clipping, tf32
+from maxout.optimizations import NAMES, grad_clipping, inductor_tuning, tf32
 from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 
@@ -116,6 +116,13 @@ SETTINGS: dict[str, Case] = {
     "pad_widths_auto_off_without_cuda_graphs": Case(
         ["hardware.pad_widths=auto"], {"opt.pad_widths.requested": "auto", "opt.pad_widths.effective": "none"},
         lambda r, d: r.setup.train_loader.collate_fn.widths is None, {"opt.pad_widths.reason": "only CUDA graphs"}),
+    "liger_kernel_off_without_cuda": Case(
+        ["hardware.liger_kernel=true"], {"opt.liger_kernel.requested": "true", "opt.liger_kernel.effective": "false"},
+        lambda r, d: not any(type(m).__name__.startswith("Liger") or "Liger" in m._get_name()
+                             for m in r.setup.model.modules()), {"opt.liger_kernel.reason": "no CUDA device"}),
+    "inductor_tuning_off_without_cuda": Case(
+        ["hardware.inductor_tuning=true", "hardware.compile=true"], {"opt.inductor_tuning.effective": "false"},
+        lambda r, d: not inductor_tuning.enabled(), {"opt.inductor_tuning.reason": "no CUDA device"}),
     "freeze_encoder": Case(["model.freeze_encoder=true"], {"opt.freeze_encoder.effective": "true"},
                            lambda r, d: {n for n, p in r.setup.model.named_parameters() if p.requires_grad}
                            == {"classifier.weight", "classifier.bias"}),

@@ -96,6 +96,8 @@ class HardwareConfig:
     fused_adamw: bool = True
     fast_dropout: bool = False  # CPU dropout masks from bulk random bits (optimizations/fast_dropout.py)
     pad_widths: Any = "auto"  # dynamic padding rounds to this many widths (CUDA graphs): int, auto or null (off)
+    liger_kernel: bool = False  # Liger's fused RMSNorm / SwiGLU kernels in decoders (optimizations/liger_kernel.py)
+    inductor_tuning: bool = False  # inductor's coordinate-descent tuning of its Triton kernels (inductor_tuning.py)
     batch_size: Any = 32  # per-device micro-batch: int or 'auto' (batch finder)
     num_workers: Any = "auto"  # int or 'auto' = cores - 2, at least 0
     pin_memory: bool = True

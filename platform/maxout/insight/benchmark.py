@@ -35,7 +35,7 @@ from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, named, packing
-from ..optimizations import pad_widths
+from ..optimizations import inductor_tuning, liger_kernel, pad_widths
 from ..optimizations import precision as precision_opt, tf32
 from ..tracking.params import NOTE, device_params, note, run_name
 from ..tracking.tracker import Tracker, closing, start
@@ -55,7 +55,9 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
               "fast_dropout": lambda: fast_dropout.supported(
                   device, asked.get("compile", cfg.hardware.compile),
                   asked.get("gradient_checkpointing", cfg.hardware.gradient_checkpointing)),
-              "tf32": lambda: tf32.supported(device)}
+              "tf32": lambda: tf32.supported(device),
+              "liger_kernel": lambda: liger_kernel.supported(device, _model_type(cfg, tokenizer)),
+              "inductor_tuning": lambda: inductor_tuning.supported(device, asked.get("compile", cfg.hardware.compile))}
     for axis, value in cell.values:
         if axis == "precision":
             decision = precision_opt.resolve(value, device)
@@ -78,6 +80,11 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
             if not ok:
                 return f"padding packed: {reason}"
     return ""
+
+
+def _model_type(cfg: Config, tokenizer: Any = None) -> str:
+    tokenizer = tokenizer or modeling.load_tokenizer(cfg.model)
+    return modeling.build_config(cfg.model, ["0", "1"], len(tokenizer), tokenizer.pad_token_id).model_type
 
 
 def _widths(cfg: Config, device: DeviceInfo, compile_mode: str) -> object:

@@ -44,6 +44,9 @@ AXES: dict[str, Axis] = {
     "compile_mode": Axis("hardware.compile_mode", ("default", "reduce-overhead", "max-autotune",
                                                    "max-autotune-no-cudagraphs"), in_default=False),
     "attention": Axis("hardware.attn_implementation", ("eager", "sdpa", "flash_attention_2"), in_default=False),
+    # Fused kernels for the memory-bound ops (issue 37): Liger's for decoders, inductor's tuned ones (with compile)
+    "liger_kernel": Axis("hardware.liger_kernel", (False, True), in_default=False),
+    "inductor_tuning": Axis("hardware.inductor_tuning", (False, True), in_default=False),
     # How rows become batches: padded to the batch's longest row (random or length-bucketed batches), or packed
     # without padding by a token budget (data.max_tokens_per_batch, auto when unset). It sets data.bucketing too,
     # so it is not in the default grid, and a grid names either it or bucketing.

@@ -16,8 +16,8 @@ from .base import Decision, decide, named
 NAMES = (
     "precision", "tf32", "cudnn_benchmark", "deterministic", "fused_adamw", "compile", "compile_mode",
     "gradient_checkpointing", "attention", "accumulation", "grad_clipping", "num_workers", "pin_memory",
-    "persistent_workers", "prefetch_factor", "bucketing", "padding", "pad_widths", "freeze_encoder", "adapter", "fast_dropout",
-    "data_parallel",
+    "persistent_workers", "prefetch_factor", "bucketing", "padding", "pad_widths", "freeze_encoder", "adapter",
+    "fast_dropout", "liger_kernel", "inductor_tuning", "data_parallel",
 )
 
 PRECISIONS = ("bf16", "fp16", "fp32")  # precision.py: autocast dtype per name

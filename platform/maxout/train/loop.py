@@ -55,6 +55,7 @@ def train_step(s: Setup, micro_batches: Sequence[dict], meter: m.Throughput) -> 
     Out of memory: drop the partial gradients, run every micro-batch as twice as many row chunks from then on
     (``s.oom``, see oom.py), and retry the same step; the samples per optimizer step do not change."""
     scaler = s.precision.scaler
+    meter.begin_step()
     while True:
         try:
             step_loss = _forward_backward(s, micro_batches)
@@ -105,7 +106,8 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     # A resumed run's figures go on from those saved with its checkpoint (totals.py): never only this segment's.
     state.totals = Totals(device, tr.warmup_steps_excluded, state.measured)
     meter = state.totals.meter
-    gpu = m.UtilizationSampler(s.world.nvml_index) if s.device.is_cuda else None
+    if s.device.is_cuda:  # NVML utilization and CUDA-event busy time, over the steady window only
+        meter.window = m.SteadyWindow(m.UtilizationSampler(s.world.nvml_index), m.DeviceBusy())
     wall_start, first_step = time.perf_counter(), state.step + 1
     state.loss_sum = torch.as_tensor(state.loss_sum, dtype=torch.float32, device=device)  # summed between syncs
     bar = tqdm(total=s.total_steps, initial=state.step, disable=not progress, desc="train", unit="step",
@@ -114,8 +116,6 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     s.model.train()
     hooks.on_train_start(state)
     meter.start()
-    if gpu:
-        gpu.start()
 
     def run_eval() -> None:
         s.divergence.check(s, tracker)  # a diverged model is not worth scoring (evaluation syncs anyway)
@@ -175,8 +175,8 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     bar.close()
     s.divergence.check(s, tracker)
     results = state.totals.summary()  # throughput, wall, compile and evaluation time, peak memory: every segment's
-    if gpu:
-        results.update(gpu.stop())
+    if meter.window is not None:
+        results.update(meter.window.stop(results.get("time/steady_window_s")))
     results.update(state.eval_metrics)
     results["time/first_step_s"] = state.first_step_s
     results["train/final_loss"] = state.train_loss

@@ -26,7 +26,7 @@ from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
-from ..optimizations import tf32
+from ..optimizations import inductor_tuning, liger_kernel, tf32
 from ..serving import pooling
 from .distributed import SINGLE, World
 from .divergence import DivergenceWatch
@@ -141,9 +141,12 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
               if d_compile.effective else Decision("compile_mode", hw.compile_mode, "none", "compile is off"))
     d_dropout = decide("fast_dropout", hw.fast_dropout,
                        fast_dropout.supported(device, d_compile.effective, d_ckpt.effective))
+    d_liger = decide("liger_kernel", hw.liger_kernel,
+                     liger_kernel.supported(device, model_class.config_class.model_type))
+    d_tuning = decide("inductor_tuning", hw.inductor_tuning, inductor_tuning.supported(device, d_compile.effective))
     d_parallel = data_parallel.resolve(cfg.distributed.strategy, world.size, world.initialized, d_prec.effective)
     return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_widths, d_fused, d_clip,
-            d_compile, d_mode, d_dropout, d_parallel]
+            d_compile, d_mode, d_dropout, d_liger, d_tuning, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -152,6 +155,7 @@ def apply_backend(cfg: Config, planned: list[Decision]) -> None:
     deterministic.apply(named(planned, "deterministic").effective)
     tf32.apply(named(planned, "tf32").effective)
     cudnn_benchmark.apply(named(planned, "cudnn_benchmark").effective)
+    inductor_tuning.apply(named(planned, "inductor_tuning").effective)
 
 
 def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: list[Decision]
@@ -165,6 +169,8 @@ def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: lis
         freeze.apply(model)
     if named(planned, "gradient_checkpointing").effective:  # before peft wraps it: it lives on the transformers module
         gradient_checkpointing.apply(model)
+    if named(planned, "liger_kernel").effective:  # before peft wraps it: liger finds the layers on the model itself
+        liger_kernel.apply(model)
     if d_adapter.effective != "none":
         targets = lora.target_modules(model, mc.lora_target_modules)
         model = lora.apply(model, d_adapter.effective, mc.lora_r, mc.lora_alpha, mc.lora_dropout, targets)

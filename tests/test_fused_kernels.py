@@ -1,0 +1,100 @@
+"""Fused kernels as measured flags (issue 37): Liger's kernels for decoders and inductor's coordinate-descent
+tuning. Both run only on a CUDA GPU; here, their decisions on described devices and Liger's instance-only
+patching (with a stand-in for liger's own function)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from maxout import loading
+from maxout.insight.grid import parse_grid
+from maxout.optimizations import compile as compile_opt, inductor_tuning, liger_kernel, named
+from maxout.train.setup import plan_decisions
+from transformers import BertForSequenceClassification, Qwen3ForSequenceClassification
+
+from .conftest import fake_cuda
+
+H100 = fake_cuda(name="NVIDIA H100 80GB HBM3", memory_gb=79.2, cc=(9, 0))
+
+
+def test_liger_runs_only_on_a_gpu_with_kernels_for_the_model_type(cpu_device, monkeypatch):
+    assert liger_kernel.supported(cpu_device, "qwen3") == (
+        False, "Liger's kernels are Triton GPU kernels: no CUDA device")
+    assert liger_kernel.supported(H100, "qwen3", kernels={"qwen3", "llama"}) == (True, "")
+    ok, why = liger_kernel.supported(H100, "bert", kernels={"qwen3", "llama"})
+    assert not ok and "no kernels for model type 'bert'" in why
+    monkeypatch.setattr(liger_kernel, "has_triton", lambda: False)
+    assert liger_kernel.supported(H100, "qwen3") == (False, "triton is not installed: Liger's kernels are Triton "
+                                                           "kernels")
+
+
+def test_liger_is_decided_per_model_type(monkeypatch):
+    monkeypatch.setattr(compile_opt, "has_triton", lambda: True)
+    monkeypatch.setattr(liger_kernel, "installed_kernels", lambda: ({"qwen3"}, ""))
+    cfg = loading.load(["hardware=h100", "model=tiny", "hardware.liger_kernel=true"], device=H100)
+    assert named(plan_decisions(cfg, H100, Qwen3ForSequenceClassification), "liger_kernel").effective is True
+    bert = named(plan_decisions(cfg, H100, BertForSequenceClassification), "liger_kernel")
+    assert bert.effective is False and "'bert'" in bert.reason
+
+
+def test_liger_patches_the_instance_and_leaves_the_modeling_module_as_it_was():
+    """liger's apply_liger_kernel_to_<type>(model=...) also rebinds names in transformers' modeling module; the
+    next model of that type in the process (an HPO trial, an ablation cell with the flag off) must not get them."""
+    module = types.ModuleType("fake_modeling_qwen")
+    original_norm, original_rope = object(), object()
+    module.Qwen3RMSNorm, module.apply_rotary_pos_emb = original_norm, original_rope
+    sys.modules[module.__name__] = module
+    Model = type("Model", (torch.nn.Module,), {"__module__": module.__name__})
+    model = Model()
+    model.norm = torch.nn.LayerNorm(4)
+    seen = {}
+
+    def liger_apply(model, **kwargs):  # what liger's functions do: module names and the instance's modules
+        seen.update(kwargs)
+        module.Qwen3RMSNorm, module.apply_rotary_pos_emb, module.LigerNew = "liger", "liger_rope", "added"
+        model.norm.forward = lambda x: x * 0
+
+    try:
+        assert liger_kernel.apply(model, apply_fn=liger_apply) is model
+    finally:
+        del sys.modules[module.__name__]
+    assert module.Qwen3RMSNorm is original_norm and module.apply_rotary_pos_emb is original_rope
+    assert not hasattr(module, "LigerNew")
+    assert torch.equal(model.norm(torch.ones(2, 4)), torch.zeros(2, 4))  # the instance keeps the kernel
+    assert seen["rms_norm"] and seen["swiglu"] and not seen["rope"] and not seen["fused_linear_cross_entropy"]
+
+
+def test_inductor_tuning_needs_compile_and_a_gpu(cpu_device):
+    assert inductor_tuning.supported(H100, compiled=True) == (True, "")
+    assert "compile is off" in inductor_tuning.supported(H100, compiled=False)[1]
+    assert "no CUDA device" in inductor_tuning.supported(cpu_device, compiled=True)[1]
+    before = inductor_tuning.enabled()
+    try:
+        inductor_tuning.apply(True)
+        assert torch._inductor.config.coordinate_descent_tuning is True
+        inductor_tuning.apply(False)
+        assert inductor_tuning.enabled() is False
+    finally:
+        inductor_tuning.apply(before)
+
+
+def test_both_are_ablation_axes():
+    grid = parse_grid("liger_kernel=off,on inductor_tuning=off,on")
+    assert grid == {"liger_kernel": (False, True), "inductor_tuning": (False, True)}
+
+
+def test_the_ablation_skips_them_with_their_reason_on_a_cpu(cpu_device):
+    from maxout.insight import benchmark
+    from maxout.insight.grid import cells
+
+    cfg = loading.load(["hardware=cpu", "model=tiny", "tracking=none", "hardware.compile=true"], device=cpu_device)
+    reasons = {cell.name: benchmark.skip_reason(cell, cpu_device, cfg)
+               for cell in cells(parse_grid("liger_kernel=off,on inductor_tuning=off,on"))}
+    assert reasons["liger_kernel=off inductor_tuning=off"] == ""
+    assert reasons["liger_kernel=on inductor_tuning=off"] == (
+        "liger_kernel: Liger's kernels are Triton GPU kernels: no CUDA device")
+    assert "inductor_tuning: coordinate-descent tuning" in reasons["liger_kernel=off inductor_tuning=on"]
