@@ -111,6 +111,11 @@ SETTINGS: dict[str, Case] = {
                                {"opt.padding.effective": "max_length", "opt.bucketing.effective": "false"},
                                lambda r, d: next(iter(r.setup.train_loader))["input_ids"].shape[1] == 128,
                                {"opt.bucketing.reason": "pads every row to the same length"}),
+    "packing_mask_on_cpu": Case(
+        ["data.padding=packed", "data.packing_attention=varlen"],
+        {"opt.packing.requested": "varlen", "opt.packing.effective": "mask"},
+        lambda r, d: r.setup.packed and r.setup.model.config._attn_implementation != "maxout_varlen",
+        {"opt.packing.reason": "on CUDA only -> a block-diagonal mask over the packed row"}),
     "freeze_encoder": Case(["model.freeze_encoder=true"], {"opt.freeze_encoder.effective": "true"},
                            lambda r, d: {n for n, p in r.setup.model.named_parameters() if p.requires_grad}
                            == {"classifier.weight", "classifier.bias"}),

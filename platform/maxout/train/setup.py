@@ -26,6 +26,7 @@ from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, precision as precision_opt, tf32
+from ..optimizations import varlen
 from ..serving import pooling
 from .distributed import SINGLE, World
 from .divergence import DivergenceWatch
@@ -116,6 +117,8 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_ckpt = decide("gradient_checkpointing", hw.gradient_checkpointing, gradient_checkpointing.supported(model_class))
     _, d_loader = dataloader.resolve(hw, device, world.local_size)
     d_pad = packing.resolve(dc.padding, model_class.config_class.model_type, d_attn.effective)
+    d_packing = packing.resolve_attention(dc.packing_attention, d_pad.effective, d_attn.effective, model_class, device,
+                                          d_prec.effective)
     # Packing that fell back pads dynamically, with length bucketing whatever data.bucketing says.
     d_bucket = (Decision("bucketing", dc.bucketing, True, "padding fell back from packed") if d_pad.changed
                 else decide("bucketing", dc.bucketing, bucketing.supported(d_pad.effective)))
@@ -127,8 +130,8 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_dropout = decide("fast_dropout", hw.fast_dropout,
                        fast_dropout.supported(device, d_compile.effective, d_ckpt.effective))
     d_parallel = data_parallel.resolve(cfg.distributed.strategy, world.size, world.initialized, d_prec.effective)
-    return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_fused, d_clip, d_compile,
-            d_mode, d_dropout, d_parallel]
+    return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_packing, d_fused, d_clip,
+            d_compile, d_mode, d_dropout, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -142,7 +145,11 @@ def apply_backend(cfg: Config, planned: list[Decision]) -> None:
 def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: list[Decision]
                 ) -> tuple[torch.nn.Module, list[Decision]]:
     mc = cfg.model
-    model = modeling.load_model(mc, model_config, named(planned, "attention").effective)
+    # Packed rows through torch's varlen kernel: maxout's attention function, registered with transformers (padded
+    # batches, evaluation's, go through it to SDPA: the attention decision's implementation)
+    varlen_packing = named(planned, "packing").effective == "varlen"
+    model = modeling.load_model(mc, model_config, varlen.apply() if varlen_packing else named(planned,
+                                                                                              "attention").effective)
 
     d_adapter = decide("adapter", mc.adapter, lora.supported(mc.adapter), off="none")
     d_freeze = decide("freeze_encoder", mc.freeze_encoder, freeze.supported(model, d_adapter.effective))
