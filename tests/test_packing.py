@@ -138,6 +138,40 @@ def test_varlen_packed_and_padded_logits_equal_each_sample_alone_on_sdpa(name):
     assert packed.loss == pytest.approx(torch.stack([out.loss for out in alone]).mean().item(), abs=FP32_TOL)
 
 
+def flash_semantics_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+    """torch's varlen_attn as its flash kernel defines it, on a CPU: [tokens, heads, dim] in; query i of a row attends
+    key j of the same row with i - left <= j <= i + right (-1: no limit); (-1, 0) is causal."""
+    assert q.is_contiguous() and k.is_contiguous() and k.shape == q.shape  # GQA's heads repeated before the kernel
+    assert cu_q is cu_k and cu_q.dtype == torch.int32 and max_q == max_k >= int((cu_q[1:] - cu_q[:-1]).max())
+    tokens = q.shape[0]
+    position = torch.arange(tokens)
+    row = torch.searchsorted(cu_q[1:].long(), position, right=True)
+    ahead = position[None, :] - position[:, None]  # j - i
+    left, right = window_size
+    keep = (row[:, None] == row[None, :]) & ((ahead >= -left) | (left < 0)) & ((ahead <= right) | (right < 0))
+    scores = torch.einsum("thd,shd->hts", q, k) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    weights = scores.masked_fill(~keep, float("-inf")).softmax(-1)
+    return torch.einsum("hts,shd->thd", weights, v)
+
+
+# The kernel's own branch (what runs on a GPU) with a stand-in for the kernel that has flash's semantics: checks the
+# window sizes, causality, GQA and the layouts maxout hands varlen_attn against each row alone on SDPA.
+@pytest.mark.parametrize("name", ["tiny", "tiny_modernbert", "tiny_gemma", "gemma_bidirectional", "tiny_qwen3",
+                                  "mistral", "electra"])
+def test_the_varlen_kernel_branch_gets_the_windows_and_heads_transformers_flash_path_would(name, monkeypatch):
+    import torch.nn.attention.varlen as torch_varlen
+
+    monkeypatch.setattr(torch_varlen, "varlen_attn", flash_semantics_varlen_attn)
+    monkeypatch.setattr(varlen, "_half", lambda *tensors: torch.float32)  # the kernel's branch, in fp32 on a CPU
+    classifier, rows, tokenizer = build(name, varlen.NAME)
+    reference, _, _ = build(name, "sdpa")
+    with torch.no_grad():
+        start = packing.position_start(classifier.config.model_type, classifier.config.pad_token_id)
+        packed = classifier(**inputs(packing.PackedCollator(start, longest=256)(rows))).logits
+        alone = torch.cat([reference(**inputs(padded_batch([row], tokenizer))).logits for row in rows])
+    assert (packed - alone).abs().max() < FP32_TOL
+
+
 def test_varlen_keeps_rows_apart_and_windows_as_transformers_masks_do():
     sample = torch.tensor([[0, 0, 0, 1, 1, -1]])  # two samples, then padding
     keep = varlen.same_sample_mask(sample, causal=False, sliding_window=2)[0].int().tolist()
@@ -264,6 +298,7 @@ def test_packed_collator_flattens_rows_with_restarting_positions_and_one_label_e
     assert layout.flash_kwargs()["cu_seq_lens_k"] is layout.cu_seq_lens and layout.flash_kwargs()["max_length_q"] == 3
     assert batch["num_real_tokens"] == batch["num_tokens"] == 5  # no padding: efficiency 1.0
     assert packing.PackedCollator(position_ids_start=2)(rows)["position_ids"].tolist() == [[2, 3, 4, 2, 3]]
+    assert packing.PackedCollator(longest=128)(rows)["packing"].max_length == 128  # a bound: one value to compile
 
 
 def test_a_packed_batch_splits_into_packed_chunks_of_whole_rows():

@@ -165,7 +165,7 @@ class PackedLayout:
 
     cu_seq_lens: torch.Tensor  # [rows + 1] int32: row i spans tokens cu_seq_lens[i] .. cu_seq_lens[i + 1] - 1
     seq_idx: torch.Tensor  # [1, tokens] int32: the row each token belongs to
-    max_length: int  # the longest row (flash-attention's max_length_q / max_length_k)
+    max_length: int  # the longest row, or a bound above it (the varlen kernels' max_length_q / max_length_k)
 
     def to(self, device: Any, non_blocking: bool = False) -> "PackedLayout":
         return PackedLayout(self.cu_seq_lens.to(device, non_blocking=non_blocking),
@@ -184,16 +184,20 @@ class PackedCollator:
     """Rows -> one packed micro-batch: ``input_ids`` and ``position_ids`` [1, tokens], ``labels`` [rows],
     ``packing`` (a PackedLayout), ``token_type_ids`` when the rows have them, and the token counts (all real)."""
 
-    def __init__(self, position_ids_start: int = 0):
+    def __init__(self, position_ids_start: int = 0, longest: Optional[int] = None):
         self.flatten = DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=True,
                                                   return_seq_idx=True, position_ids_start=position_ids_start)
+        # The varlen kernels' max_length: a bound (data.max_length) instead of each batch's longest row, so a compiled
+        # graph sees one constant, not a new one (and a recompile) every batch; a bound only sizes their launch grid.
+        self.longest = longest
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         flat = self.flatten([{"input_ids": r["input_ids"]} for r in rows], return_tensors="pt")
         tokens = int(flat["input_ids"].shape[1])
         batch = {"input_ids": flat["input_ids"], "position_ids": flat["position_ids"],
                  "labels": torch.tensor([r["labels"] for r in rows], dtype=torch.long),
-                 "packing": PackedLayout(flat["cu_seq_lens_q"], flat["seq_idx"], int(flat["max_length_q"])),
+                 "packing": PackedLayout(flat["cu_seq_lens_q"], flat["seq_idx"],
+                                         max(int(flat["max_length_q"]), self.longest or 0)),
                  "num_real_tokens": tokens, "num_tokens": tokens}
         if "token_type_ids" in rows[0]:
             batch["token_type_ids"] = torch.tensor([[t for r in rows for t in r["token_type_ids"]]])
@@ -201,9 +205,11 @@ class PackedCollator:
 
 
 def apply(lengths: list[int], max_tokens: int, seed: int, position_ids_start: int = 0, rank: int = 0,
-          world_size: int = 1) -> tuple[TokenBudgetSampler, PackedCollator]:
-    """The batch sampler (this ``rank``'s share) and the collate function of packed training batches."""
-    return TokenBudgetSampler(lengths, max_tokens, seed, rank, world_size), PackedCollator(position_ids_start)
+          world_size: int = 1, longest: Optional[int] = None) -> tuple[TokenBudgetSampler, PackedCollator]:
+    """The batch sampler (this ``rank``'s share) and the collate function of packed training batches (``longest``:
+    the bound PackedCollator reports as every batch's longest row)."""
+    return (TokenBudgetSampler(lengths, max_tokens, seed, rank, world_size),
+            PackedCollator(position_ids_start, longest))
 
 
 def split(batch: dict[str, Any], rows_per_chunk: int) -> list[tuple[dict[str, Any], float]]:

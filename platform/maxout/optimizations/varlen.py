@@ -15,7 +15,8 @@ and pass the model's ``**kwargs`` down to it, so a packed forward hands each lay
 - Packed (boundaries given): varlen_attn; causal for decoders (window (-1, 0)); a layer's sliding window w as
   (w - 1, 0) causal or (w - 1, w - 1) bidirectional, as transformers' flash path sets it; grouped-query attention's
   key/value heads repeated first (torch 2.11's varlen_attn has no ``enable_gqa``). Under autocast the inputs are cast
-  to its dtype (a custom op is not autocast-aware, and RoPE in fp32 hands the layer fp32 queries).
+  to its dtype (a custom op is not autocast-aware, and RoPE in fp32 hands the layer fp32 queries). The longest row
+  is the collator's fixed bound (data.max_length), so a compiled graph sees one value, not one per batch.
 - Padded (evaluation, serving): the mask interface hands the layer the 2-D padding mask as it is (no host sync, no
   [tokens x tokens] mask per forward), and the layer runs SDPA with the same-row, causal and window mask built from it.
 - No kernel (a CPU, fp32, torch < 2.10, a GPU before sm80): the same attention through SDPA with the block-diagonal
@@ -46,6 +47,9 @@ def kernel_available() -> tuple[bool, str]:
     if importlib.util.find_spec("torch.nn.attention.varlen") is None:
         return False, f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
     return True, ""
+
+
+KERNEL = kernel_available()[0]  # asked once: the attention function runs inside compiled graphs
 
 
 def supported(device: Any, precision: str) -> tuple[bool, str]:
@@ -98,9 +102,9 @@ def attend(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, valu
     causal = getattr(module, "is_causal", True) if causal is None else causal
     bounds = kwargs.get("cu_seq_lens_q")
     if bounds is not None:  # packed: one row of several samples
-        dtype = _half(query)
-        if dtype is not None:
-            return _varlen(query, key, value, bounds, int(kwargs["max_length_q"]), scaling, sliding_window, causal,
+        dtype = _half(query, key, value)
+        if dtype is not None:  # max_length_q as given: int() would pin a compiled graph to one value
+            return _varlen(query, key, value, bounds, kwargs["max_length_q"], scaling, sliding_window, causal,
                            dtype), None
         sample = _sample_of_token(bounds, query.shape[2])[None]
     elif attention_mask is not None and attention_mask.dim() == 4:  # a mask someone prepared: SDPA takes it as is
@@ -140,22 +144,21 @@ def _sample_of_token(bounds: torch.Tensor, tokens: int) -> torch.Tensor:
     return torch.searchsorted(bounds[1:].to(torch.long), torch.arange(tokens, device=bounds.device), right=True)
 
 
-def _half(query: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype the kernel runs in here, or None where it cannot run (CPU, fp32 outside autocast, no kernel)."""
-    if not query.is_cuda or not kernel_available()[0]:
+def _half(*tensors: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype the kernel runs in here, or None where it cannot run (CPU, no kernel, all fp32). Under autocast the
+    projections come out in its dtype, but RoPE multiplies queries and keys by fp32 cos/sin (they follow the fp32
+    hidden states), so a decoder's or ModernBERT's q and k arrive in fp32 and v in bf16: the first half dtype wins."""
+    if not KERNEL or not tensors[0].is_cuda:
         return None
-    if query.dtype in HALF:
-        return query.dtype
-    if torch.is_autocast_enabled(query.device.type) and torch.get_autocast_dtype(query.device.type) in HALF:
-        return torch.get_autocast_dtype(query.device.type)
-    return None
+    return next((t.dtype for t in tensors if t.dtype in HALF), None)
 
 
-def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, longest: int,
+def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, longest: Any,
             scaling: Optional[float], sliding_window: Optional[int], causal: bool, dtype: torch.dtype) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn  # lazy: torch >= 2.10, and only where the kernel runs
 
-    q, k, v = (t[0].transpose(0, 1).to(dtype) for t in (query, key, value))  # [tokens, heads, head_dim]
+    # [tokens, heads, head_dim], contiguous (a no-op for BERT's projections; RoPE's outputs are [heads, tokens])
+    q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))
     if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves q_heads / kv_heads queries
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
     left = sliding_window - 1 if sliding_window is not None else -1

@@ -191,7 +191,7 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     if named(planned, "padding").effective == "packed":  # this rank's share of the epoch's token-budget batches
         budget = packing.token_budget(dc.max_tokens_per_batch, micro_batch, train_enc.lengths)
         sampler, packed_collate = packing.apply(train_enc.lengths, budget, cfg.train.seed, packing.position_start(
-            model_config.model_type, model_config.pad_token_id), world.rank, world.size)
+            model_config.model_type, model_config.pad_token_id), world.rank, world.size, longest=dc.max_length)
         train_loader = dataloader.apply(train_enc, sampler, packed_collate, settings)
     else:  # this rank's share of each global batch
         sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed,
