@@ -373,14 +373,20 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
     got = entries(out)
     assert done.returncode == 0, done.stdout[-4000:]
     assert {n: e["status"] for n, e in got.items()} == {
-        "environment": "ok", "gpu_tests": "skipped", "vs_trainer": "ok", "mfu": "skipped", "ablation": "ok",
-        "batch_finder": "skipped", "tracking": "ok", "audit": "ok", "hpo": "ok"}
+        "environment": "ok", "gpu_tests": "skipped", "vs_trainer": "ok", "mfu": "skipped", "packing": "ok",
+        "ablation": "ok", "batch_finder": "skipped", "tracking": "ok", "audit": "ok", "hpo": "ok"}
     assert got["gpu_tests"]["reason"] == "needs a CUDA device: every gpu-marked test would skip"
     assert got["mfu"]["reason"].startswith("needs a CUDA device: there is no meaningful peak")
     assert got["environment"]["results"]["cuda"] is False and got["environment"]["results"]["matmul"]["bf16"][
         "measured_tflops"] > 0
     (mix,) = got["vs_trainer"]["results"]["mixes"].values()
-    assert mix["ratio_vs_trainer_best"] > 0 and len(mix["runs"]["maxout"]) == 2  # maxout first, then last
+    assert mix["ratio_vs_trainer_best"] > 0 and [o["order"] for o in mix["ratios_per_order"]] == [
+        "maxout first", "maxout last"]
+    p8 = got["packing"]["results"]
+    assert [r["setting"] for r in p8["runs"]] == ["bucketed", "packed", "packed", "bucketed"]
+    assert p8["decisions"]["opt.packing.effective"] == "mask"  # no varlen kernel on a CPU: the reason is logged
+    assert "on CUDA only" in p8["decisions"]["opt.packing.reason"]
+    assert list(p8["ratios"].values())[0]["packed_over_bucketed"] > 0
     (grid,) = got["ablation"]["results"]["grids"].values()
     assert [c["cell"] for c in grid["cells"]] == ["fused_adamw=off", "fused_adamw=on"]
     assert got["tracking"]["results"]["overhead"]["summary"]["mlflow"]["median_ratio"] > 0

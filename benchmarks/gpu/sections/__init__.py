@@ -29,6 +29,6 @@ SECTIONS = [
 PLANS = (
     Plan("call1", budget_s=450, limits={"environment": 30, "vs_trainer": 260, "mfu": 100, "packing": None},
          what="the headline: vs the Trainer on both mixes in both orders, MFU and a profile, then P8"),
-    Plan("call2", budget_s=270, limits={"gpu_tests": 110, "batch_finder": 55, "tracking": 45, "hpo": None},
+    Plan("call2", budget_s=280, limits={"gpu_tests": 110, "batch_finder": 50, "tracking": 40, "hpo": None},
          what="every pytest -m gpu test, the batch finder against real memory, tracking, then the hpo workers"),
 )

@@ -63,7 +63,7 @@ def profile_steps(setup, steps: int = 3, top: int = 15) -> dict:
 def cases(ctx: Context) -> list[dict]:
     """Each case with the seconds it is expected to need (compile included): one that no longer fits is left out."""
     if ctx.full:
-        return [dict(name="BERT-base, seq <= 128", arch="bert_base", batch=1024, steps=40, needs_s=90,
+        return [dict(name="BERT-base, seq <= 128", arch="bert_base", batch=1024, steps=30, needs_s=60,
                      data=lambda: [*workloads.demo(ctx.work, copies=8), "data.max_length=128"]),
                 dict(name="BERT-large, seq 512", arch="bert_large", batch=128, steps=20, needs_s=150,
                      data=lambda: workloads.long_mix(ctx.work, rows=1024, low=512, high=512))]
