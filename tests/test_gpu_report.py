@@ -268,7 +268,7 @@ def test_vs_trainer_runs_the_headline_first_and_both_orders_then_the_compiled_tr
     assert [o["best"] for o in got["demo"]["ratios_per_order"]] == pytest.approx([2.0, 3.0])
     assert got["long"]["ratio_vs_trainer_best"] == pytest.approx(1.5) and len(got["long"]["ratios_per_order"]) == 1
     assert "| demo | **2.44×** | maxout first 2.00×, maxout last 3.00× | – |" in vs_trainer.markdown(
-        {"runs": [{**r, "tokens_per_s": None, "peak_memory_gb": None, "compile_s": None, "seconds": 1.0}
+        {"runs": [{**r, "tokens_per_s": None, "peak_memory_gb": None, "compile_s": None, "seconds": 1.0, "batch": 64}
                   for r in done], "mixes": got})
 
 
