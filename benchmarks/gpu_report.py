@@ -86,6 +86,14 @@ def cuda_visible(mode: str) -> bool:
     return found.stdout.strip().endswith("True")
 
 
+def device_name() -> str | None:
+    """The GPU's name, asked in a subprocess as cuda_visible() does (a call without the environment section still
+    says which device it ran on)."""
+    found = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                           capture_output=True, text=True)
+    return found.stdout.strip().splitlines()[-1] if found.returncode == 0 and found.stdout.strip() else None
+
+
 def missing_needs(section: Section, cuda: bool) -> str:
     for need in section.needs:
         if need == "cuda" and not cuda:
@@ -137,7 +145,8 @@ class Runner:
         self.work = Path(tempfile.mkdtemp(prefix="maxout-gpu-report-"))
         self.entries = [{"name": s.name, "status": "pending"} for s in selected]
         found = commit()
-        self.meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": None,
+        self.meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                     "device": device_name() if self.cuda else None,
                      "cuda": self.cuda, "scale": self.scale, "budget_s": args.budget_s, "plan": args.plan,
                      "commit": found["commit"], "commit_source": found["source"],
                      "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.gpu_report", *sys.argv[1:]]),
