@@ -32,7 +32,7 @@ GPU_REPLICA ?= /tmp/maxout-gpu-replica
 GPU_REPLICA_PYTHON ?= python3.12
 
 .PHONY: install run test test-fast ui clean lint image image-cpu image-cuda-check image-base-cpu platform-up \
-	platform-down check-hardware benchmark audit gpu-wheels gpu-report gpu-rehearsal fuzz
+	platform-down check-hardware benchmark audit gpu-wheels gpu-commit gpu-report gpu-rehearsal fuzz
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -169,19 +169,26 @@ clean:
 
 ## gpu-wheels: the wheels the GPU machine's image lacks, for CPython 3.12 / manylinux x86_64, in $(GPU_WHEELS)
 ##   (git-ignored, at most 40 MiB; prints each size), then the proof that the set is complete (wheels.py check)
-gpu-wheels: install
+gpu-wheels: install gpu-commit
 	$(BIN)/python benchmarks/gpu/wheels.py download --dest $(GPU_WHEELS)
 	$(BIN)/python benchmarks/gpu/wheels.py check --dest $(GPU_WHEELS)
 
-## gpu-report: every GPU claim measured in one command (benchmarks/gpu_report.py; on a CPU the CPU-safe parts)
-##   make gpu-report OUT=DIR ARGS="--budget-s 540"
+## gpu-commit: the tree's commit (-dirty with uncommitted changes to tracked files) in $(GPU_WHEELS)/COMMIT, which
+##   travels with the wheels: the device machine's copy of the tree has no .git of its own (run it after a commit)
+gpu-commit:
+	@mkdir -p $(GPU_WHEELS); c=$$(git rev-parse --short HEAD) || exit 1; git diff --quiet HEAD -- || c=$$c-dirty; \
+	echo $$c > $(GPU_WHEELS)/COMMIT; echo "maxout: $(GPU_WHEELS)/COMMIT: $$c"
+
+## gpu-report: the GPU report, one planned device call at a time (benchmarks/gpu_report.py; on a CPU the CPU-safe
+##   parts)   make gpu-report OUT=DIR ARGS="--plan call1"   then   ARGS="--plan call2"
 gpu-report:
 	$(GPU_PYTHON) -m benchmarks.gpu_report --out $(OUT) $(ARGS)
 
 ## gpu-rehearsal: the GPU machine's command on this CPU, in a replica of its image (benchmarks/gpu/replica.txt: Python
 ##   3.12, torch 2.11, transformers 5.17, ...; built once in $(GPU_REPLICA), a few GB from PyPI, so not in CI): the
-##   carried wheels installed into a fresh folder, the closure check, then the report at smoke scale
-##   make gpu-rehearsal GPU_REPLICA_PYTHON=/root/.pyenv/versions/3.12.1/bin/python OUT=/tmp/rehearsal
+##   carried wheels installed into a fresh folder, the closure check, then the report at smoke scale, with the
+##   call's plan: make gpu-rehearsal GPU_REPLICA_PYTHON=/root/.pyenv/versions/3.12.1/bin/python3.12 \
+##   OUT=/tmp/rehearsal-1 ARGS="--plan call1"   (then OUT=/tmp/rehearsal-2 ARGS="--plan call2")
 gpu-rehearsal: gpu-wheels $(GPU_REPLICA)/.installed
 	rm -rf $(GPU_REPLICA)-site && mkdir -p $(OUT)
 	set -o pipefail; export PATH=$(GPU_REPLICA)/bin:$$PATH; \

@@ -1,25 +1,28 @@
-"""Every GPU claim maxout makes, measured in one command: report.md, report.json and PNG charts in --out.
+"""Every GPU claim maxout makes, measured in two device calls: report.md, report.json and PNG charts in --out.
 
-    make gpu-report OUT=DIR [ARGS="--budget-s 540 --sections mfu,ablation"]
-    python -m benchmarks.gpu_report --out DIR          # or: python benchmarks/gpu_report.py --out DIR
+    make gpu-report OUT=DIR ARGS="--plan call1"      # then ARGS="--plan call2"
+    python -m benchmarks.gpu_report --out DIR --plan call1
+    python -m benchmarks.gpu_report --out DIR --sections mfu,ablation --budget-s 300   # any subset
 
-On the GPU machine (one H100 or H200, no network, Python 3.12 with torch and transformers; see benchmarks/README.md),
-after `make gpu-wheels` here, the device tool runs, carrying ``.gpu-wheels``:
+A GPU machine is lent for 15 minutes in all, its start, the transfers and the gaps between calls included, and one
+command runs for at most 10 minutes. So the report is two planned calls (``--plan``, benchmarks/gpu/sections):
 
-    set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site
-    .gpu-wheels/*.whl || exit 1; export PYTHONPATH=/tmp/site:$PWD/platform PYTHONUNBUFFERED=1; python3 -m
-    benchmarks.gpu_report --out $OUT --budget-s 540 2>&1 | tee $OUT/report.log
+- call1 (at most 8 minutes): the headline. maxout vs the Trainer's best flags at batch 64 on both mixes in both
+  orders, the MFU of BERT-base at <= 128 tokens at a given micro-batch with one torch.profiler profile, and packed vs
+  bucketed batches (target P8) with what is left.
+- call2 (at most 5 minutes): every ``pytest -m gpu`` test, the batch finder against real memory, tracking overhead and
+  NVML utilization, the hpo workers with what is left.
 
-(one line; benchmarks/README.md has it verbatim). The sections run in order of value (benchmarks/gpu/sections):
-the environment and the measured matmul peak, ``pytest -m gpu``, maxout vs the Hugging Face Trainer, MFU, the
-ablation, the batch finder against real memory, tracking. Each runs in its own process with a time limit; one that is
-not worth starting in the time left is skipped with the reason, and the report ends with the command that runs what
-was cut. On a machine without CUDA the CPU-safe sections run at ``--scale smoke`` (tiny models, a few steps) and the
+benchmarks/README.md has both commands verbatim (the carried wheels installed first). Each section runs in its own
+process with a time limit; one that is not worth starting in the time left is skipped with the reason, and the report
+ends with the command that runs what was cut. While a section runs, whatever it has recorded is merged into
+report.json and report.md every few seconds, so a section (or the whole command) killed at a limit keeps every figure
+it had. On a machine without CUDA the CPU-safe sections run at ``--scale smoke`` (tiny models, a few steps) and the
 others say why they were skipped: tests/test_gpu_report.py runs it that way.
 
-Options: --budget-s (default 540: the device runs a command for at most 600 s), --sections (a comma-separated subset,
-run in registry order), --scale (auto: full with CUDA, smoke without), --cuda (auto: ask torch in a subprocess; no:
-rehearse the CPU path), --keep-work (keep the scratch folder: data, logs, each section's raw result).
+Options: --plan (call1, call2: sections, budget and per-section limits), --budget-s (default 540, or the plan's),
+--sections (a comma-separated subset, run in registry order), --scale (auto: full with CUDA, smoke without), --cuda
+(auto: ask torch in a subprocess; no: rehearse the CPU path), --keep-work (keep the scratch folder).
 """
 
 from __future__ import annotations
@@ -43,17 +46,34 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.gpu` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu import report  # noqa: E402 - after the path fix above
-from benchmarks.gpu.registry import SCALES, Context, Section, run_child  # noqa: E402
+from benchmarks.gpu.registry import SCALES, Context, Plan, Section, run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = "benchmarks.gpu.sections:SECTIONS"
 RESERVE_S = 10.0  # kept back from the budget for the last report write and the charts
 LOG_TAIL = 25
+POLL_S = 2.0  # how often a running section's records are merged into the report
+# The commit of the tree, for a copy that has no .git of its own: `make gpu-commit` (part of `make gpu-wheels`) writes
+# it into the wheels folder, which travels with every device call (`carry`).
+COMMIT_FILES = (".gpu-wheels/COMMIT",)
 
 
 def load_registry(spec: str) -> list[Section]:
     module, _, attr = spec.partition(":")
     return list(getattr(importlib.import_module(module), attr))
+
+
+def load_plans(spec: str) -> dict[str, Plan]:
+    """The registry module's PLANS (none: no --plan)."""
+    module = importlib.import_module(spec.partition(":")[0])
+    return {p.name: p for p in getattr(module, "PLANS", ())}
+
+
+def compile_threads() -> str:
+    """TORCHINDUCTOR_COMPILE_THREADS for the sections: the cores this process may use, unless already set. Inductor
+    compiles its Triton kernels in that many worker processes; BERT-base took ~36 s per graph on the H200 with it."""
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(len(os.sched_getaffinity(0))))
+    return os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
 
 
 def cuda_visible(mode: str) -> bool:
@@ -66,6 +86,14 @@ def cuda_visible(mode: str) -> bool:
     return found.stdout.strip().endswith("True")
 
 
+def device_name() -> str | None:
+    """The GPU's name, asked in a subprocess as cuda_visible() does (a call without the environment section still
+    says which device it ran on)."""
+    found = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                           capture_output=True, text=True)
+    return found.stdout.strip().splitlines()[-1] if found.returncode == 0 and found.stdout.strip() else None
+
+
 def missing_needs(section: Section, cuda: bool) -> str:
     for need in section.needs:
         if need == "cuda" and not cuda:
@@ -75,22 +103,40 @@ def missing_needs(section: Section, cuda: bool) -> str:
     return ""
 
 
-def commit() -> str | None:
+def _git(root: Path, *args: str) -> str | None:
     try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                               timeout=10)
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return found.stdout.strip() or None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def commit(root: Path = ROOT) -> dict:
+    """The commit of the tree this report runs from, and where it was read. git answers only where the tree is the top
+    of its own repository: a copy with no .git of its own (the device machine's) sits inside another repository, whose
+    HEAD is not this tree's (the first GPU report named that one). Else the COMMIT file that travelled with the tree."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top and Path(top).resolve() == root.resolve():
+        head = _git(root, "rev-parse", "--short", "HEAD")
+        if head:
+            changed = _git(root, "status", "--porcelain", "--untracked-files=no")
+            return {"commit": head + ("-dirty" if changed else ""), "source": "git"}
+    for name in COMMIT_FILES:
+        words = (root / name).read_text().split() if (root / name).is_file() else []
+        if words:
+            return {"commit": words[0], "source": name}
+    return {"commit": None, "source": f"the tree has no .git of its own and no {' or '.join(COMMIT_FILES)} "
+                                      f"(make gpu-commit writes it)"}
 
 
 class Runner:
     """Runs the selected sections one by one, each in a child process within the budget, and rewrites the report
     after each."""
 
-    def __init__(self, args: argparse.Namespace, sections: list[Section], selected: list[Section]):
+    def __init__(self, args: argparse.Namespace, sections: list[Section], selected: list[Section],
+                 limits: dict | None = None):
         self.args, self.sections = args, {s.name: s for s in sections}
-        self.selected = selected
+        self.selected, self.limits = selected, limits or {}
         self.started = time.time()
         self.deadline = self.started + args.budget_s
         self.cuda = cuda_visible(args.cuda)
@@ -98,17 +144,26 @@ class Runner:
         self.out = Path(args.out).resolve()
         self.work = Path(tempfile.mkdtemp(prefix="maxout-gpu-report-"))
         self.entries = [{"name": s.name, "status": "pending"} for s in selected]
-        self.meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "device": None,
-                     "cuda": self.cuda, "scale": self.scale, "budget_s": args.budget_s, "commit": commit(),
+        found = commit()
+        self.meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                     "device": device_name() if self.cuda else None,
+                     "cuda": self.cuda, "scale": self.scale, "budget_s": args.budget_s, "plan": args.plan,
+                     "commit": found["commit"], "commit_source": found["source"],
                      "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.gpu_report", *sys.argv[1:]]),
-                     "python": sys.version.split()[0], "elapsed_s": 0.0}
+                     "python": sys.version.split()[0], "compile_threads": compile_threads(), "elapsed_s": 0.0}
 
-    def save(self) -> None:
+    def save(self, charts: bool = True) -> None:
         self.meta["elapsed_s"] = time.time() - self.started
         env = next((e for e in self.entries if e["name"] == "environment"), None)
         if env and env.get("results", {}).get("device"):
             self.meta["device"] = env["results"]["device"].get("name")
-        report.write(self.out, self.meta, self.entries, self.sections)
+        report.write(self.out, self.meta, self.entries, self.sections, charts=charts)
+
+    def limit(self, section: Section) -> float:
+        """What a section may take: the plan's limit for it (None: all that is left), else its own maximum."""
+        if section.name in self.limits:
+            return self.limits[section.name] if self.limits[section.name] is not None else float("inf")
+        return section.max_s[self.scale]
 
     def run(self) -> int:
         self.save()
@@ -122,7 +177,7 @@ class Runner:
                              reason=f"time budget: {max(left, 0):.0f} s left, it needs at least "
                                     f"{section.min_s[self.scale]} s")
             else:
-                self.run_one(section, entry, min(section.max_s[self.scale], left))
+                self.run_one(section, entry, min(self.limit(section), left))
             print(f"gpu_report: {section.name}: {report.STATUS.get(entry['status'], entry['status'])}"
                   f"{': ' + (entry.get('reason') or entry.get('error') or '') if entry['status'] != 'ok' else ''}",
                   flush=True)
@@ -146,18 +201,23 @@ class Runner:
                                  start_new_session=True, env=env)
         pump = threading.Thread(target=_pump, args=(child, log_file, name), daemon=True)
         pump.start()
-        timed_out = False
-        try:
-            code = child.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            timed_out, code = True, _stop(child)
+        timed_out, code, seen = False, None, None
+        while True:  # every POLL_S: what the section recorded so far goes into the report (a kill keeps it)
+            try:
+                code = child.wait(timeout=max(min(POLL_S, started + limit - time.time()), 0.01))
+                break
+            except subprocess.TimeoutExpired:
+                if time.time() >= started + limit:
+                    timed_out, code = True, _stop(child)
+                    break
+            seen = self.merge(entry, result_file, seen)
         pump.join(timeout=10)
-        payload = json.loads(result_file.read_text()) if result_file.exists() else {}
+        payload = _read(result_file)
         entry.update(seconds=time.time() - started, results=payload.get("results", {}))
         if timed_out:
             kept = "; what it recorded before is kept" if entry["results"] else ""
             entry.update(status="timeout", reason=f"killed at its limit of {limit:.0f} s{kept}",
-                         budget_cut=limit < section.max_s[self.scale])
+                         budget_cut=limit < self.limit(section))
         elif code == 0 and payload.get("status") == "ok":
             entry.update(status="ok")
         elif payload.get("status") == "failed":
@@ -166,6 +226,19 @@ class Runner:
             entry.update(status="crashed", error=f"the process ended with exit code {code} before it reported")
         if entry["status"] != "ok" and log_file.exists():
             entry["log_tail"] = log_file.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+
+    def merge(self, entry: dict, result_file: Path, seen: float | None) -> float | None:
+        """Copy a running section's records into the report when its result file changed (charts at the end)."""
+        try:
+            stamp = result_file.stat().st_mtime_ns
+        except FileNotFoundError:
+            return seen
+        if stamp != seen:
+            results = _read(result_file).get("results")
+            if results:
+                entry.update(results=results, seconds=None)
+                self.save(charts=False)
+        return stamp
 
     def summary(self) -> None:
         print(f"\ngpu_report: {self.meta['device'] or 'unknown device'}, scale {self.scale}, "
@@ -178,6 +251,14 @@ class Runner:
         if cut:
             print(f"  not finished for lack of time; next: python -m benchmarks.gpu_report --out DIR --sections "
                   f"{','.join(cut)}")
+
+
+def _read(path: Path) -> dict:
+    """A section's result file (written whole, then renamed: never half a file), or {} where there is none yet."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
 
 
 def _pump(child: subprocess.Popen, log_file: Path, name: str) -> None:
@@ -213,7 +294,10 @@ def child_main(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "gpu"), help="where the report goes")
-    p.add_argument("--budget-s", type=float, default=540.0, help="seconds for the whole report (default 540)")
+    p.add_argument("--plan", default=None, help="a planned device call: call1 (the headline, 8 minutes) or call2 "
+                                               "(the GPU tests, the finder, tracking, hpo: 5 minutes)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="seconds for the whole report (default: the plan's, else 540)")
     p.add_argument("--sections", default=None, help="a comma-separated subset of the sections (registry order)")
     p.add_argument("--scale", choices=("auto", *SCALES), default="auto",
                    help="full: the real models; smoke: tiny ones, a few steps; auto: full with CUDA, else smoke")
@@ -231,6 +315,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child_main(args)
     sections = load_registry(args.registry)
+    plans, limits = load_plans(args.registry), {}
+    if args.plan is not None:
+        if args.plan not in plans:
+            print(f"gpu_report: error: unknown plan {args.plan!r} (valid: {', '.join(plans) or 'none'})",
+                  file=sys.stderr)
+            return 2
+        plan = plans[args.plan]
+        limits = plan.limits
+        args.sections = args.sections or ",".join(plan.sections)
+        args.budget_s = plan.budget_s if args.budget_s is None else args.budget_s
+    args.budget_s = 540.0 if args.budget_s is None else args.budget_s
     names = [n.strip() for n in (args.sections or "").split(",") if n.strip()]
     unknown = [n for n in names if n not in {s.name for s in sections}]
     if unknown:
@@ -240,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget_s <= RESERVE_S:
         print(f"gpu_report: error: --budget-s={args.budget_s:g} must be more than {RESERVE_S:g} s", file=sys.stderr)
         return 2
-    runner = Runner(args, sections, [s for s in sections if not names or s.name in names])
+    runner = Runner(args, sections, [s for s in sections if not names or s.name in names], limits)
     try:
         return runner.run()
     finally:

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from benchmarks.gpu.registry import Context, Section
+from benchmarks.gpu.registry import Context, Plan, Section
 
 
 def works(ctx: Context) -> None:
@@ -53,3 +53,4 @@ SECTIONS = [
     Section("needs_lib", "Needs a library", works, needs=("no_such_library_here",), min_s=FAST),
     Section("late", "Comes too late", works, min_s={"full": 10_000, "smoke": 10_000}),
 ]
+PLANS = (Plan("quick", budget_s=60, limits={"works": 30, "hangs": 2, "needs_gpu": None}),)

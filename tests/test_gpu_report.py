@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 
 from benchmarks import gpu_report
 from benchmarks.gpu import wheels, workloads
-from benchmarks.gpu.sections import SECTIONS, gpu_tests, hpo, mfu
+from benchmarks.gpu.sections import PLANS, SECTIONS, gpu_tests, hpo, mfu, vs_trainer
 
 from .conftest import ROOT
 
@@ -72,8 +72,8 @@ def test_a_runner_killed_mid_way_leaves_the_report_of_every_section_before(tmp_p
                                "works,hangs", *FAKES], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "FAKE_PID_FILE": str(pid_file)})
     try:
-        for _ in range(600):  # until the second section is under way
-            if pid_file.exists() or runner.poll() is not None:
+        for _ in range(600):  # until what the hanging section recorded is in the report, while it still runs
+            if pid_file.exists() and entries(out)["hangs"].get("results", {}).get("first") or runner.poll() is not None:
                 break
             time.sleep(0.1)
         assert pid_file.exists(), "the hanging section never started"
@@ -81,7 +81,8 @@ def test_a_runner_killed_mid_way_leaves_the_report_of_every_section_before(tmp_p
         runner.wait(timeout=30)
         got = entries(out)
         assert got["works"]["status"] == "ok" and got["works"]["results"]["value"] == 42
-        assert got["hangs"]["status"] == "running"
+        assert got["hangs"]["status"] == "running"  # killed mid-section: its figures so far are in the report
+        assert got["hangs"]["results"]["first"] == "measured"
         assert "| hangs | running |" in (out / "report.md").read_text()
     finally:
         runner.kill()
@@ -101,9 +102,63 @@ def test_an_unknown_section_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_the_sections_come_in_order_of_value():
-    assert [s.name for s in SECTIONS] == ["environment", "gpu_tests", "vs_trainer", "mfu", "ablation",
+    assert [s.name for s in SECTIONS] == ["environment", "gpu_tests", "vs_trainer", "mfu", "packing", "ablation",
                                           "batch_finder", "tracking", "audit", "hpo"]
     assert all({"cuda"} & set(s.needs) for s in SECTIONS if s.name in ("gpu_tests", "mfu", "batch_finder"))
+
+
+def test_the_two_calls_fit_the_15_minutes_a_gpu_machine_is_lent():
+    """call1 within 8 minutes and call2 within 5, the carried wheels' install and the report's reserve included;
+    each fixed limit within its call's budget, the last section taking what is left."""
+    plans = {p.name: p for p in PLANS}
+    assert set(plans) == {"call1", "call2"}
+    install_s = 20  # pip installing the carried wheels: ~10 s on the H200
+    assert plans["call1"].budget_s + install_s <= 8 * 60 and plans["call2"].budget_s + install_s <= 5 * 60
+    assert 30 + plans["call1"].budget_s + plans["call2"].budget_s + 2 * install_s <= 15 * 60 - 60  # start, margin
+    order = [s.name for s in SECTIONS]
+    for plan in plans.values():
+        assert plan.sections == sorted(plan.sections, key=order.index)  # registry order: how they run
+        fixed = [v for v in plan.limits.values() if v is not None]
+        assert sum(fixed) + gpu_report.RESERVE_S < plan.budget_s and list(plan.limits.values())[-1] is None
+    assert plans["call1"].sections[:3] == ["environment", "vs_trainer", "mfu"]  # the headline first
+    assert {"gpu_tests", "batch_finder", "tracking", "hpo"} == set(plans["call2"].sections)
+
+
+def test_a_plan_picks_its_sections_budget_and_limits(tmp_path):
+    out = tmp_path / "report"
+    assert gpu_report.main(["--out", str(out), "--plan", "quick", *FAKES]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["meta"]["plan"] == "quick" and report["meta"]["budget_s"] == 60
+    got = {e["name"]: e for e in report["sections"]}
+    assert list(got) == ["works", "hangs", "needs_gpu"]  # the plan's sections, in registry order
+    assert got["hangs"]["reason"].startswith("killed at its limit of 2 s")  # the plan's limit, not its own 3 s
+    assert int(report["meta"]["compile_threads"]) >= 1
+
+
+def test_an_unknown_plan_is_a_one_line_error(tmp_path, capsys):
+    assert gpu_report.main(["--out", str(tmp_path), "--plan", "call9", *FAKES]) == 2
+    assert capsys.readouterr().err.strip() == "gpu_report: error: unknown plan 'call9' (valid: quick)"
+
+
+def test_the_commit_is_read_from_the_tree_itself_even_in_a_copy_inside_another_repository(tmp_path):
+    """The device machine runs a copy with no .git of its own inside another repository: git would name that one."""
+    def git(*args, cwd=tmp_path):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f").write_text("x")
+    git("add", "f")
+    git("commit", "-q", "-m", "enclosing")
+    copy = tmp_path / "copy"
+    (copy / ".gpu-wheels").mkdir(parents=True)
+    assert gpu_report.commit(copy) == {"commit": None, "source": "the tree has no .git of its own and no "
+                                                                  ".gpu-wheels/COMMIT (make gpu-commit writes it)"}
+    (copy / ".gpu-wheels" / "COMMIT").write_text("abc1234-dirty\n")
+    assert gpu_report.commit(copy) == {"commit": "abc1234-dirty", "source": ".gpu-wheels/COMMIT"}
+    ours = gpu_report.commit(tmp_path)  # a tree that is its own repository: git answers
+    assert ours["source"] == "git" and ours["commit"].startswith(gpu_report._git(tmp_path, "rev-parse", "--short",
+                                                                                 "HEAD"))
 
 
 def test_pytest_outcomes_per_test_from_its_junit_xml(tmp_path):
@@ -123,9 +178,11 @@ def test_pytest_outcomes_per_test_from_its_junit_xml(tmp_path):
     assert rows["test_fails"]["outcome"] == "failed" and "one is not two" in rows["test_fails"]["message"]
     assert result["summary"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1, "exit_code": 1,
                                  "timed_out": False, "files": ["tests/test_sample.py"]}
-    verbose = gpu_tests.parse_verbose("tests/test_a.py::test_x PASSED  [ 50%]\ntests/test_a.py::test_y FAILED\nnoise")
+    verbose = gpu_tests.parse_verbose("tests/test_a.py::test_x PASSED  [ 50%]\ntests/test_a.py::test_y FAILED\nnoise\n"
+                                      "[gw1] [ 75%] SKIPPED tests/test_a.py::test_z[sdpa] \n")  # the last: xdist's
     assert [(r["id"], r["outcome"]) for r in verbose] == [("tests/test_a.py::test_x", "passed"),
-                                                         ("tests/test_a.py::test_y", "failed")]
+                                                         ("tests/test_a.py::test_y", "failed"),
+                                                         ("tests/test_a.py::test_z[sdpa]", "skipped")]
 
 
 def test_the_gpu_test_files_are_the_ones_with_gpu_marks():
@@ -195,6 +252,35 @@ def test_hpo_rows_pool_each_worker_counts_studies_against_one_worker():
     assert rows[1]["speed_up"] == pytest.approx(720 / 360) and rows[0]["speed_up"] == 1
     assert rows[1]["steady_speed_up"] == pytest.approx(1000 / 400)
     assert "| 2 | 40 | 200 | 720 | 2.00× | 1000 | 2.50× |" in hpo.markdown({"rows": rows})
+
+
+def test_vs_trainer_runs_the_headline_first_and_both_orders_then_the_compiled_trainer():
+    runs = vs_trainer.schedule(["demo", "long"], compiled=True)
+    assert runs[:4] == [("demo", "maxout", "maxout first"), ("demo", "trainer_best", "maxout first"),
+                        ("long", "maxout", "maxout first"), ("long", "trainer_best", "maxout first")]
+    assert runs[4:8] == [("demo", "trainer_best", "maxout last"), ("demo", "maxout", "maxout last"),
+                         ("long", "trainer_best", "maxout last"), ("long", "maxout", "maxout last")]
+    assert [c for _, c, _ in runs[8:]] == ["trainer_best_compiled"] * 2
+    done = [{"mix": m, "contender": c, "order": o, "samples_per_s": v} for (m, c, o), v in
+            zip(runs[:6], [100.0, 50.0, 30.0, 20.0, 40.0, 120.0])]  # cut after the demo mix's second order
+    got = vs_trainer.summarize(done)
+    assert got["demo"]["ratio_vs_trainer_best"] == pytest.approx(110 / 45)
+    assert [o["best"] for o in got["demo"]["ratios_per_order"]] == pytest.approx([2.0, 3.0])
+    assert got["long"]["ratio_vs_trainer_best"] == pytest.approx(1.5) and len(got["long"]["ratios_per_order"]) == 1
+    assert "| demo | **2.44×** | maxout first 2.00×, maxout last 3.00× | – |" in vs_trainer.markdown(
+        {"runs": [{**r, "tokens_per_s": None, "peak_memory_gb": None, "compile_s": None, "seconds": 1.0, "batch": 64}
+                  for r in done], "mixes": got})
+
+
+def test_p8_is_packed_over_bucketed_within_each_order():
+    from benchmarks.gpu.sections import packing
+
+    runs = [{"mix": "m", "setting": s, "samples_per_s": v} for s, v in
+            zip(packing.ORDER, [100.0, 150.0, 140.0, 110.0])]
+    got = packing.ratio(runs, "m")
+    assert got["packed_over_bucketed"] == pytest.approx(145 / 105)
+    assert got["per_order"] == pytest.approx([1.5, 140 / 110])
+    assert packing.ratio(runs[:1], "m")["packed_over_bucketed"] is None
 
 
 def test_the_long_mix_lies_in_its_length_range(tmp_path):
@@ -287,14 +373,20 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
     got = entries(out)
     assert done.returncode == 0, done.stdout[-4000:]
     assert {n: e["status"] for n, e in got.items()} == {
-        "environment": "ok", "gpu_tests": "skipped", "vs_trainer": "ok", "mfu": "skipped", "ablation": "ok",
-        "batch_finder": "skipped", "tracking": "ok", "audit": "ok", "hpo": "ok"}
+        "environment": "ok", "gpu_tests": "skipped", "vs_trainer": "ok", "mfu": "skipped", "packing": "ok",
+        "ablation": "ok", "batch_finder": "skipped", "tracking": "ok", "audit": "ok", "hpo": "ok"}
     assert got["gpu_tests"]["reason"] == "needs a CUDA device: every gpu-marked test would skip"
     assert got["mfu"]["reason"].startswith("needs a CUDA device: there is no meaningful peak")
     assert got["environment"]["results"]["cuda"] is False and got["environment"]["results"]["matmul"]["bf16"][
         "measured_tflops"] > 0
     (mix,) = got["vs_trainer"]["results"]["mixes"].values()
-    assert mix["ratio_vs_trainer_best"] > 0 and len(mix["runs"]["maxout"]) == 2  # maxout first, then last
+    assert mix["ratio_vs_trainer_best"] > 0 and [o["order"] for o in mix["ratios_per_order"]] == [
+        "maxout first", "maxout last"]
+    p8 = got["packing"]["results"]
+    assert [r["setting"] for r in p8["runs"]] == ["bucketed", "packed", "packed", "bucketed"]
+    assert p8["decisions"]["opt.packing.effective"] == "mask"  # no varlen kernel on a CPU: the reason is logged
+    assert "on CUDA only" in p8["decisions"]["opt.packing.reason"]
+    assert list(p8["ratios"].values())[0]["packed_over_bucketed"] > 0
     (grid,) = got["ablation"]["results"]["grids"].values()
     assert [c["cell"] for c in grid["cells"]] == ["fused_adamw=off", "fused_adamw=on"]
     assert got["tracking"]["results"]["overhead"]["summary"]["mlflow"]["median_ratio"] > 0

@@ -123,6 +123,11 @@ SETTINGS: dict[str, Case] = {
     "inductor_tuning_off_without_cuda": Case(
         ["hardware.inductor_tuning=true", "hardware.compile=true"], {"opt.inductor_tuning.effective": "false"},
         lambda r, d: not inductor_tuning.enabled(), {"opt.inductor_tuning.reason": "no CUDA device"}),
+    "packing_mask_on_cpu": Case(
+        ["data.padding=packed", "data.packing_attention=varlen"],
+        {"opt.packing.requested": "varlen", "opt.packing.effective": "mask"},
+        lambda r, d: r.setup.packed and r.setup.model.config._attn_implementation != "maxout_varlen",
+        {"opt.packing.reason": "on CUDA only -> a block-diagonal mask over the packed row"}),
     "freeze_encoder": Case(["model.freeze_encoder=true"], {"opt.freeze_encoder.effective": "true"},
                            lambda r, d: {n for n, p in r.setup.model.named_parameters() if p.requires_grad}
                            == {"classifier.weight", "classifier.bias"}),

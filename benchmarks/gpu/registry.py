@@ -38,6 +38,22 @@ class Section:
     why_cuda: str = "needs a CUDA device"  # the skip reason where none is visible
 
 
+@dataclass(frozen=True)
+class Plan:
+    """One device call: which sections, in registry order, each at most ``limits[name]`` seconds (None: whatever the
+    budget has left), within ``budget_s`` for the whole command. A GPU machine is lent for 15 minutes in all (its
+    start, the transfers and the idle gaps count), so the report is two calls planned to fit, not one long one."""
+
+    name: str
+    budget_s: float
+    limits: dict  # section name -> seconds at most, or None for what is left
+    what: str = ""
+
+    @property
+    def sections(self) -> list[str]:
+        return list(self.limits)
+
+
 @dataclass
 class Context:
     """What a section runs with: the scale, a scratch folder shared by all sections, the results of the sections

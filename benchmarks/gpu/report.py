@@ -51,8 +51,12 @@ def draw(out: Path, entries: list[dict], sections: dict) -> list[Path]:
 
 def markdown(meta: dict, entries: list[dict], sections: dict, charts: list[str]) -> str:
     lines = [f"# GPU report: {meta.get('device', '?')}, {meta.get('date')}", "",
-             f"`{meta.get('command')}`: scale **{meta.get('scale')}**, budget {meta.get('budget_s')} s, "
-             f"{meta.get('elapsed_s', 0):.0f} s so far; commit {meta.get('commit') or 'unknown'}.", "",
+             f"`{meta.get('command')}`: scale **{meta.get('scale')}**"
+             + (f", plan {meta['plan']}" if meta.get("plan") else "")
+             + f", budget {meta.get('budget_s')} s, {meta.get('elapsed_s', 0):.0f} s so far; commit "
+             f"{meta.get('commit') or 'unknown'}" + (f" ({meta['commit_source']})" if meta.get("commit_source") else "")
+             + (f"; TORCHINDUCTOR_COMPILE_THREADS={meta['compile_threads']}" if meta.get("compile_threads") else "")
+             + ".", "",
              "| section | status | seconds | note |", "|---|---|---|---|"]
     for e in entries:
         note = e.get("reason") or e.get("error") or ""

@@ -23,7 +23,8 @@ from typing import Any, Iterator, Optional
 from omegaconf import OmegaConf
 
 from .errors import ConfigError, combined, one_of
-from .optimizations import ADAPTERS, ATTENTION, BACKENDS, COMPILE_MODES, DATA_PARALLEL, PRECISIONS
+from .optimizations import (ADAPTERS, ATTENTION, BACKENDS, COMPILE_MODES, DATA_PARALLEL, PACKING_ATTENTION,
+                            PRECISIONS)
 
 SCHEDULES = ("linear", "cosine", "constant")
 PADDING = ("dynamic", "max_length", "packed")
@@ -180,6 +181,9 @@ class DataConfig:
     # packed: no padding, each micro-batch one flattened sequence of whole rows (optimizations/packing.py)
     max_tokens_per_batch: Any = None  # packed: the token budget per micro-batch (int, or auto = micro-batch x mean
     # training row length); null means auto
+    packing_attention: str = "auto"  # packed: how rows are kept apart in attention | auto: varlen where the kernel
+    # runs (CUDA, bf16/fp16), else mask | varlen: torch's variable-length flash kernel, no mask | mask: a block-diagonal
+    # mask over the packed row (optimizations/packing.py; flash_attention_2 uses its own varlen path either way)
     bucketing: bool = True  # group rows of similar length into batches (needs dynamic padding)
     bucket_batches: int = 50  # batches sorted together per bucket: bigger pads less, smaller is more random
     pad_to_multiple_of: Any = "auto"  # auto: 8 on CUDA (tensor-core friendly shapes), none on CPU
@@ -190,6 +194,8 @@ class DataConfig:
         _check(self.format in FORMATS, f"data.format={one_of(self.format, FORMATS)}")
         _check(self.on_missing in ON_MISSING, f"data.on_missing={one_of(self.on_missing, ON_MISSING)}")
         _check(self.padding in PADDING, f"data.padding={one_of(self.padding, PADDING)}")
+        _check(self.packing_attention in PACKING_ATTENTION,
+               f"data.packing_attention={one_of(self.packing_attention, PACKING_ATTENTION)}")
         _check(0.0 < self.validation_split < 1.0,
                f"data.validation_split={self.validation_split} must be in (0, 1)")
         _check(8 <= self.max_length <= 8192, f"data.max_length={self.max_length} must be in [8, 8192]")

@@ -25,6 +25,10 @@ share kept for the stop and the reading: ~95 s from launch to SIGINT each. One r
 ~20-30 s of start-up on the GPU machine before its first trial and a minute or two of trials to count tens of them,
 so the interleaved 1, 2, 4, 4, 2, 1 does not fit in the device's 540 s for a command; the second round, in the other
 order, runs only where six studies of MIN_RUN_S fit (a longer --budget-s). For another order, run the section again.
+
+Short (what a 5-minute call leaves it, under SHORT_S): scaled to fit, not skipped. No auto study, 1 and 2 workers,
+each trial one epoch of the demo table once (800 rows, 25 steps of 32 rows), STOP_S_SHORT kept per study for the stop
+and the reading. Fewer trials, so the steady rate (start-up left out) is the figure to read.
 """
 
 from __future__ import annotations
@@ -53,13 +57,20 @@ STOP_S = {"full": 35, "smoke": 30}  # per study: the grace and the reading of it
 AUTO_S = {"full": 120, "smoke": None}
 LATE_S = 2.0  # a trial finished this long after the SIGINT was run by a worker that did not stop
 MARGIN_S = 10
+SHORT_S = 300  # less than this at full scale: the short plan
+STOP_S_SHORT = 15
 
 
-def trial_overrides(ctx: Context) -> list[str]:
+def short(ctx: Context) -> bool:
+    """Whether the section has only what a short call leaves it (full scale)."""
+    return ctx.full and ctx.left() < SHORT_S
+
+
+def trial_overrides(ctx: Context, is_short: bool = False) -> list[str]:
     """The fixed short trial: the same work whatever the sampler draws (target_effective_batch left out of the
     search space, the pruner off)."""
     if ctx.full:
-        arch, batch, data = "bert_base", 32, workloads.demo(ctx.work, copies=4)
+        arch, batch, data = "bert_base", 32, workloads.demo(ctx.work, copies=1 if is_short else 4)
     else:
         arch, batch, data = "tiny", 16, workloads.demo(ctx.work, rows=64)
     return [*workloads.model(arch), *data, "data.max_length=128", "hardware.compile=false", "train.epochs=1",
@@ -77,13 +88,14 @@ def workers_option() -> bool:
     return "workers" in {f.name for f in dataclasses.fields(HpoConfig)}
 
 
-def plan(ctx: Context, workers: tuple) -> tuple[list, float]:
+def plan(ctx: Context, workers: tuple, stop_s: float | None = None) -> tuple[list, float]:
     """(the worker counts in order, seconds from launch to SIGINT for each): at full scale, a second round in the
     other order only where each of the six studies still gets MIN_RUN_S; smoke: one round (a code path)."""
     scale = ctx.scale
     left = ctx.left() - MARGIN_S
+    stop_s = STOP_S[scale] if stop_s is None else stop_s
     for order in ([*workers, *reversed(workers)], list(workers)) if ctx.full else (list(workers),):
-        run_s = left / len(order) - STOP_S[scale]
+        run_s = left / len(order) - stop_s
         if run_s >= MIN_RUN_S[scale] or len(order) == len(workers):
             return order, min(run_s, MAX_RUN_S[scale])
     raise AssertionError("unreachable")
@@ -227,7 +239,8 @@ def tracked(folder: Path) -> dict:
             **{k: params[k] for k in ("hpo.workers", "hpo.workers_effective", "hpo.workers_reason") if k in params}}
 
 
-def study(ctx: Context, workers: Any, label: str, run_s: float, target: Optional[int], with_option: bool) -> dict:
+def study(ctx: Context, workers: Any, label: str, run_s: float, target: Optional[int], with_option: bool,
+          is_short: bool = False) -> dict:
     """One study: launch, watch (the journal for the trial count, psutil for the process tree), SIGINT at ``run_s``
     or at ``target`` finished trials, then the check for processes left behind and the reading of its stores."""
     import psutil  # lazy: the GPU image and the venv have it
@@ -236,7 +249,7 @@ def study(ctx: Context, workers: Any, label: str, run_s: float, target: Optional
     folder.mkdir(parents=True, exist_ok=True)
     name = f"gpu-report-{label}"
     command = [sys.executable, "-m", "maxout", "hpo", "--no-progress",
-               *(["--workers", str(workers)] if with_option else []), *trial_overrides(ctx),
+               *(["--workers", str(workers)] if with_option else []), *trial_overrides(ctx, is_short),
                f"hpo.study_name={name}", f"hpo.storage={folder / 'optuna.journal'}",
                f"tracking.uri=sqlite:///{folder / 'mlflow.db'}", f"tracking.artifact_location={folder / 'mlruns'}"]
     journal, seen = Journal(folder / "optuna.journal", name), {}
@@ -353,8 +366,9 @@ def run(ctx: Context) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     scale = ctx.scale
     with_option = workers_option()
-    workers = WORKERS[scale] if with_option else (1,)
-    if with_option and AUTO_S[scale] is not None:
+    is_short = short(ctx)
+    workers = ((1, 2) if is_short else WORKERS[scale]) if with_option else (1,)
+    if with_option and AUTO_S[scale] is not None and not is_short:
         # First: auto's measurement also caches one worker's GPU memory need, which `--workers N` checks its share
         # against (auto_workers.py); measured here, it costs neither the 2- nor the 4-worker study.
         try:
@@ -365,17 +379,18 @@ def run(ctx: Context) -> None:
             keys = ("hpo.workers_effective", "hpo.workers_reason")
             ctx.record("auto", {**{k: got["tracked"].get(k) for k in keys}, "trials": got["trials"],
                                 "wall_s": got["wall_s"], "stopped_by": got["stopped_by"]})
-    order, run_s = plan(ctx, workers)
+    stop_s = STOP_S_SHORT if is_short else STOP_S[scale]
+    order, run_s = plan(ctx, workers, stop_s)
     model = "bert_base" if ctx.full else "tiny"
-    ctx.record("setup", {"model": model, "overrides": trial_overrides(ctx)[len(workloads.model(model)):],
-                         "order": order, "run_s": run_s, "stop_s": STOP_S[scale],
+    ctx.record("setup", {"model": model, "overrides": trial_overrides(ctx, is_short)[len(workloads.model(model)):],
+                         "order": order, "run_s": run_s, "stop_s": stop_s, "short": is_short,
                          "trials_per_worker": TRIALS_PER_WORKER[scale],
                          **({} if with_option else {"left_out": "This maxout has no hpo.workers (issue 29 part 1): "
                                                                 "only 1 worker"})})
     studies: list[dict] = []
     for i, n in enumerate(order):
         per = TRIALS_PER_WORKER[scale]
-        studies.append(study(ctx, n, f"w{n}-{i}", run_s, per * n if per else None, with_option))
+        studies.append(study(ctx, n, f"w{n}-{i}", run_s, per * n if per else None, with_option, is_short))
         print(f"hpo: {n} worker(s): {studies[-1]['trials']} trials in {studies[-1]['wall_s']:.0f} s "
               f"(stopped by {studies[-1]['stopped_by']}, {studies[-1]['stop']})", flush=True)
         ctx.record("studies", studies)
@@ -432,5 +447,5 @@ def chart(results: dict, path: Path) -> bool:
 
 
 SECTION = Section("hpo", "HPO: trials per hour with 1, 2 and 4 workers on one GPU", run, needs=("optuna", "mlflow"),
-                  min_s={"full": 200, "smoke": 60}, max_s={"full": 520, "smoke": 300}, markdown=markdown,
+                  min_s={"full": 60, "smoke": 60}, max_s={"full": 520, "smoke": 300}, markdown=markdown,
                   chart=chart)

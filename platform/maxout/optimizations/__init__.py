@@ -16,17 +16,18 @@ from .base import Decision, decide, named
 NAMES = (
     "precision", "tf32", "cudnn_benchmark", "deterministic", "fused_adamw", "compile", "compile_mode",
     "gradient_checkpointing", "attention", "accumulation", "grad_clipping", "num_workers", "pin_memory",
-    "persistent_workers", "prefetch_factor", "bucketing", "padding", "pad_widths", "freeze_encoder", "adapter",
-    "fast_dropout", "liger_kernel", "inductor_tuning", "data_parallel",
+    "persistent_workers", "prefetch_factor", "bucketing", "padding", "packing", "pad_widths", "freeze_encoder",
+    "adapter", "fast_dropout", "liger_kernel", "inductor_tuning", "data_parallel",
 )
 
 PRECISIONS = ("bf16", "fp16", "fp32")  # precision.py: autocast dtype per name
 ATTENTION = ("flash_attention_2", "sdpa", "eager")  # attention.py: fastest first, the fallback chain
+PACKING_ATTENTION = ("auto", "varlen", "mask")  # packing.py: how packed rows are kept apart in attention
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
 ADAPTERS = ("none", "lora", "dora")  # lora.py (peft)
 DATA_PARALLEL = ("auto", "ddp", "fsdp", "none")  # data_parallel.py: auto = ddp when there is more than one process
 BACKENDS = ("auto", "nccl", "gloo")  # the process group's backend: auto = nccl on CUDA, gloo on CPU
 
-__all__ = ["Decision", "decide", "named", "NAMES", "PRECISIONS", "ATTENTION", "COMPILE_MODES", "CUDAGRAPH_MODES",
-           "ADAPTERS", "DATA_PARALLEL", "BACKENDS"]
+__all__ = ["Decision", "decide", "named", "NAMES", "PRECISIONS", "ATTENTION", "PACKING_ATTENTION", "COMPILE_MODES",
+           "CUDAGRAPH_MODES", "ADAPTERS", "DATA_PARALLEL", "BACKENDS"]

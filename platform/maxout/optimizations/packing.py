@@ -14,12 +14,20 @@ The pieces:
   apart in attention and to pool one vector per row.
 
 ``supported()`` allows the model types whose attention was checked to keep packed rows apart (tests/test_packing.py:
-the logits of a packed batch equal those of each row alone) on every attention implementation maxout uses:
-flash-attention 2 gets the varlen boundaries; SDPA and eager get a block-diagonal mask (decoders build it from the
-position ids, encoders are handed it). Any other model type falls back to dynamic padding with length bucketing.
+the logits of a packed batch equal those of each row alone) on every attention implementation maxout uses. Any other
+model type falls back to dynamic padding with length bucketing.
 
-Cost note: without flash-attention's varlen kernel (CPU, or SDPA / eager on a GPU) the mask is dense, so attention
-spans the whole packed row, quadratic in the token budget rather than in each row's length.
+How rows are kept apart in attention is the ``packing`` decision (``data.packing_attention``, logged as
+``opt.packing.*``), ``resolve_attention()``:
+- ``varlen`` (auto's pick on a GPU in bf16/fp16): torch's variable-length flash kernel through maxout's attention
+  function (optimizations/varlen.py), given the rows' boundaries (``cu_seq_lens``) and no mask: attention costs each
+  row's length squared, which is what makes packing worth it on a GPU. Attention-probability dropout is not applied
+  (the kernel has none).
+- ``flash_attention_2`` (where hardware.attn_implementation is flash-attention 2, flash_attn installed):
+  transformers' own varlen path takes the same boundaries.
+- ``mask`` (auto's pick on a CPU, in fp32, or where the kernel is missing): SDPA or eager with a block-diagonal mask
+  (decoders build it from the position ids, encoders are handed it). The mask is dense, so attention spans the whole
+  packed row, quadratic in the token budget rather than in each row's length: on a GPU it cannot beat bucketing.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any, Iterator, Optional
 import torch
 from transformers import DataCollatorWithFlattening
 
+from . import varlen
 from .base import Decision
 from .bucketing import EpochBatchSampler, epoch_order
 
@@ -38,7 +47,7 @@ from .bucketing import EpochBatchSampler, epoch_order
 PACKABLE_DECODERS = ("gemma", "gemma2", "gemma3_text", "llama", "mistral", "qwen2", "qwen3")
 # Encoders: their bidirectional mask ignores position ids, so serving/pooling.py passes a block-diagonal one.
 PACKABLE_ENCODERS = ("bert", "roberta", "xlm-roberta", "electra", "modernbert")
-KEEPS_APART = ("flash_attention_2", "sdpa", "eager")  # varlen boundaries, or a block-diagonal mask
+KEEPS_APART = ("flash_attention_2", varlen.NAME, "sdpa", "eager")  # varlen boundaries, or a block-diagonal mask
 # Their embeddings number positions from padding_idx + 1, not 0 (see DataCollatorWithFlattening's docstring).
 POSITIONS_AFTER_PAD = ("roberta", "xlm-roberta")
 
@@ -62,6 +71,29 @@ def resolve(padding: str, model_type: str, attn_implementation: str) -> Decision
     if ok:
         return Decision("padding", padding, padding)
     return Decision("padding", padding, "dynamic", reason + " -> dynamic padding with length bucketing")
+
+
+def resolve_attention(requested: str, padding: str, attn_implementation: str, model_class: type, device: Any,
+                      precision: str) -> Decision:
+    """The ``packing`` decision: how a packed row's samples are kept apart in attention (module docstring).
+    ``padding`` is the padding decision's effective value, ``attn_implementation`` the attention decision's."""
+    if padding != "packed":
+        return Decision("packing", requested, "none", f"batches are not packed (data.padding={padding})")
+    if attn_implementation == "flash_attention_2":
+        return Decision("packing", requested, "flash_attention_2",
+                        "attention is flash_attention_2: transformers' own varlen path takes the rows' boundaries")
+    if requested == "mask":
+        return Decision("packing", requested, "mask")
+    ok, why = varlen.supported(device, precision)
+    if ok:
+        ok, why = varlen.model_supported(model_class)
+    if ok:
+        return Decision("packing", requested, "varlen",
+                        "torch's variable-length flash kernel (torch.nn.attention.varlen), the rows' boundaries and "
+                        "no mask: attention costs each row's length squared; attention-probability dropout is not "
+                        "applied to packed batches (the kernel has none)")
+    return Decision("packing", requested, "mask", f"{why} -> a block-diagonal mask over the packed row "
+                                                  f"({attn_implementation})")
 
 
 def token_budget(setting: Any, micro_batch: int, lengths: list[int]) -> int:
@@ -133,7 +165,7 @@ class PackedLayout:
 
     cu_seq_lens: torch.Tensor  # [rows + 1] int32: row i spans tokens cu_seq_lens[i] .. cu_seq_lens[i + 1] - 1
     seq_idx: torch.Tensor  # [1, tokens] int32: the row each token belongs to
-    max_length: int  # the longest row (flash-attention's max_length_q / max_length_k)
+    max_length: int  # the longest row, or a bound above it (the varlen kernels' max_length_q / max_length_k)
 
     def to(self, device: Any, non_blocking: bool = False) -> "PackedLayout":
         return PackedLayout(self.cu_seq_lens.to(device, non_blocking=non_blocking),
@@ -152,16 +184,20 @@ class PackedCollator:
     """Rows -> one packed micro-batch: ``input_ids`` and ``position_ids`` [1, tokens], ``labels`` [rows],
     ``packing`` (a PackedLayout), ``token_type_ids`` when the rows have them, and the token counts (all real)."""
 
-    def __init__(self, position_ids_start: int = 0):
+    def __init__(self, position_ids_start: int = 0, longest: Optional[int] = None):
         self.flatten = DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=True,
                                                   return_seq_idx=True, position_ids_start=position_ids_start)
+        # The varlen kernels' max_length: a bound (data.max_length) instead of each batch's longest row, so a compiled
+        # graph sees one constant, not a new one (and a recompile) every batch; a bound only sizes their launch grid.
+        self.longest = longest
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         flat = self.flatten([{"input_ids": r["input_ids"]} for r in rows], return_tensors="pt")
         tokens = int(flat["input_ids"].shape[1])
         batch = {"input_ids": flat["input_ids"], "position_ids": flat["position_ids"],
                  "labels": torch.tensor([r["labels"] for r in rows], dtype=torch.long),
-                 "packing": PackedLayout(flat["cu_seq_lens_q"], flat["seq_idx"], int(flat["max_length_q"])),
+                 "packing": PackedLayout(flat["cu_seq_lens_q"], flat["seq_idx"],
+                                         max(int(flat["max_length_q"]), self.longest or 0)),
                  "num_real_tokens": tokens, "num_tokens": tokens}
         if "token_type_ids" in rows[0]:
             batch["token_type_ids"] = torch.tensor([[t for r in rows for t in r["token_type_ids"]]])
@@ -169,9 +205,11 @@ class PackedCollator:
 
 
 def apply(lengths: list[int], max_tokens: int, seed: int, position_ids_start: int = 0, rank: int = 0,
-          world_size: int = 1) -> tuple[TokenBudgetSampler, PackedCollator]:
-    """The batch sampler (this ``rank``'s share) and the collate function of packed training batches."""
-    return TokenBudgetSampler(lengths, max_tokens, seed, rank, world_size), PackedCollator(position_ids_start)
+          world_size: int = 1, longest: Optional[int] = None) -> tuple[TokenBudgetSampler, PackedCollator]:
+    """The batch sampler (this ``rank``'s share) and the collate function of packed training batches (``longest``:
+    the bound PackedCollator reports as every batch's longest row)."""
+    return (TokenBudgetSampler(lengths, max_tokens, seed, rank, world_size),
+            PackedCollator(position_ids_start, longest))
 
 
 def split(batch: dict[str, Any], rows_per_chunk: int) -> list[tuple[dict[str, Any], float]]:

@@ -14,8 +14,11 @@ Keeping packed samples apart is the attention's job; per architecture:
 - encoders (BERT, RoBERTa, ELECTRA, ModernBERT) build a bidirectional mask that ignores position ids, so this module
   passes them transformers' own block-diagonal mask (``packed_sequence_mask_function``; one per layer type where the
   model has sliding-window layers).
-- flash-attention 2: the varlen kernel takes the sample boundaries (``cu_seq_lens_q/k``, ``max_length_q/k``) and
-  needs no mask at all.
+- flash-attention 2, and an attention function that says it takes the boundaries (``varlen_boundaries``: maxout's
+  own over torch's varlen kernel, optimizations/varlen.py): the kernel takes the sample boundaries
+  (``cu_seq_lens_q/k``, ``max_length_q/k``) and needs no mask at all. A decoder is handed an all-true 2-D mask
+  besides, which the function ignores: without one, transformers' mask code finds packed samples from the position
+  ids with a host sync on every forward.
 
 Training (packed or padded) and serving (padded) use this same module, so a logged model predicts exactly as it
 was trained. Serving wing. May import: errors, serving.
@@ -32,6 +35,7 @@ from transformers.masking_utils import (create_bidirectional_mask, create_bidire
                                         packed_sequence_mask_function)
 from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import ConfigError, one_of
 
@@ -124,6 +128,9 @@ class PooledClassifier(torch.nn.Module):
         self.decoder = is_decoder(type(model))
         self.head = _decoder_head if self.decoder else HEADS[model.config.model_type][0]
         self.takes_token_types = "token_type_ids" in inspect.signature(model.base_model.forward).parameters
+        impl = model.config._attn_implementation or ""
+        # the attention takes a packed row's sample boundaries itself (read once: a lookup, not in the traced forward)
+        self.varlen = impl.startswith("flash") or getattr(ALL_ATTENTION_FUNCTIONS.get(impl), "varlen_boundaries", False)
 
     @property
     def config(self) -> Any:
@@ -161,7 +168,10 @@ class PooledClassifier(torch.nn.Module):
 
     def _keep_apart(self, packing: Any, tokens: int) -> dict[str, Any]:
         """What keeps the samples of a packed row from attending to each other (see the module docstring)."""
-        if self.config._attn_implementation.startswith("flash"):
+        if self.varlen:
+            if self.decoder and not self.config._attn_implementation.startswith("flash"):
+                rows = torch.ones(1, tokens, dtype=torch.bool, device=packing.seq_idx.device)
+                return {**packing.flash_kwargs(), "attention_mask": rows}
             return packing.flash_kwargs()
         if self.decoder:
             return {}  # masking_utils finds the samples from the restarting position ids

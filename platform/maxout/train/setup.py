@@ -26,7 +26,7 @@ from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
-from ..optimizations import inductor_tuning, liger_kernel, tf32
+from ..optimizations import inductor_tuning, liger_kernel, tf32, varlen
 from ..serving import pooling
 from .distributed import SINGLE, World
 from .divergence import DivergenceWatch
@@ -130,6 +130,8 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_ckpt = decide("gradient_checkpointing", hw.gradient_checkpointing, gradient_checkpointing.supported(model_class))
     _, d_loader = dataloader.resolve(hw, device, world.local_size)
     d_pad = packing.resolve(dc.padding, model_class.config_class.model_type, d_attn.effective)
+    d_packing = packing.resolve_attention(dc.packing_attention, d_pad.effective, d_attn.effective, model_class, device,
+                                          d_prec.effective)
     # Packing that fell back pads dynamically, with length bucketing whatever data.bucketing says.
     d_bucket = (Decision("bucketing", dc.bucketing, True, "padding fell back from packed") if d_pad.changed
                 else decide("bucketing", dc.bucketing, bucketing.supported(d_pad.effective)))
@@ -145,8 +147,8 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
                      liger_kernel.supported(device, model_class.config_class.model_type))
     d_tuning = decide("inductor_tuning", hw.inductor_tuning, inductor_tuning.supported(device, d_compile.effective))
     d_parallel = data_parallel.resolve(cfg.distributed.strategy, world.size, world.initialized, d_prec.effective)
-    return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_widths, d_fused, d_clip,
-            d_compile, d_mode, d_dropout, d_liger, d_tuning, d_parallel]
+    return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_packing, d_widths, d_fused,
+            d_clip, d_compile, d_mode, d_dropout, d_liger, d_tuning, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -161,7 +163,11 @@ def apply_backend(cfg: Config, planned: list[Decision]) -> None:
 def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: list[Decision]
                 ) -> tuple[torch.nn.Module, list[Decision]]:
     mc = cfg.model
-    model = modeling.load_model(mc, model_config, named(planned, "attention").effective)
+    # Packed rows through torch's varlen kernel: maxout's attention function, registered with transformers (padded
+    # batches, evaluation's, go through it to SDPA: the attention decision's implementation)
+    varlen_packing = named(planned, "packing").effective == "varlen"
+    model = modeling.load_model(mc, model_config, varlen.apply() if varlen_packing else named(planned,
+                                                                                              "attention").effective)
 
     d_adapter = decide("adapter", mc.adapter, lora.supported(mc.adapter), off="none")
     d_freeze = decide("freeze_encoder", mc.freeze_encoder, freeze.supported(model, d_adapter.effective))
@@ -214,7 +220,7 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     if named(planned, "padding").effective == "packed":  # this rank's share of the epoch's token-budget batches
         budget = packing.token_budget(dc.max_tokens_per_batch, micro_batch, train_enc.lengths)
         sampler, packed_collate = packing.apply(train_enc.lengths, budget, cfg.train.seed, packing.position_start(
-            model_config.model_type, model_config.pad_token_id), world.rank, world.size)
+            model_config.model_type, model_config.pad_token_id), world.rank, world.size, longest=dc.max_length)
         train_loader = dataloader.apply(train_enc, sampler, packed_collate, settings)
     else:  # this rank's share of each global batch
         sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed,

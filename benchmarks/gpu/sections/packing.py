@@ -1,0 +1,111 @@
+"""P8: packed vs length-bucketed batches on the GPU (target: packed >= 1.3x bucketed samples/s). Random BERT-base,
+bf16, the demo mix x8, a micro-batch of 256 rows (about 16k tokens a step: the GPU's work, not the host's launches,
+sets the pace), compile off on both sides (one compile each would not fit the call; eager is the same for both).
+Bucketed: dynamic padding with length bucketing (maxout's default). Packed: ``data.padding=packed`` with the auto token
+budget (micro-batch x mean row length: the same tokens a step on average), through the attention backend
+``data.packing_attention=auto`` picks, which the run logs as ``opt.packing.*`` and this section records (on a GPU in
+bf16: torch's variable-length flash attention, no mask; on a CPU: a dense block-diagonal mask).
+
+Both orders (bucketed, packed, packed, bucketed), each run recorded the moment it ends; then the 128-512-token mix,
+where padding costs most, if time is left."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+from .. import workloads
+from ..registry import Context, Section
+
+ORDER = ("bucketed", "packed", "packed", "bucketed")
+SETTINGS = {"bucketed": ["data.padding=dynamic", "data.bucketing=true"],
+            "packed": ["data.padding=packed", "data.max_tokens_per_batch=auto"]}
+
+
+def ratio(runs: list[dict], mix: str) -> dict:
+    """Mean samples/s of each setting on ``mix``, packed over bucketed, and the ratio within each order."""
+    mine = [r for r in runs if r["mix"] == mix]
+    mean = {k: sum(r["samples_per_s"] for r in mine if r["setting"] == k) / n
+            for k in SETTINGS if (n := sum(r["setting"] == k for r in mine))}
+    pairs = [mine[i:i + 2] for i in range(0, len(mine) - 1, 2)]
+    per_order = [a["samples_per_s"] / b["samples_per_s"] if a["setting"] == "packed" else
+                 b["samples_per_s"] / a["samples_per_s"] for a, b in pairs if {a["setting"], b["setting"]} == set(SETTINGS)]
+    return {"samples_per_s": mean, "packed_over_bucketed": mean["packed"] / mean["bucketed"] if len(mean) == 2
+            else None, "per_order": per_order}
+
+
+def run(ctx: Context) -> None:
+    import torch  # lazy: the parent process never imports torch for this
+
+    from maxout import loading  # lazy: imports torch
+    from maxout.tracking.tracker import NullTracker  # lazy: imports mlflow's pieces
+    from maxout.train import train  # lazy: imports torch
+
+    cuda = torch.cuda.is_available()
+    arch, batch, steps, warmup = ("bert_base", 256, 30, 8) if ctx.full else ("tiny", 16, 6, 2)
+    if ctx.full:  # the long mix's files are the vs_trainer section's where it ran first (same scratch folder)
+        mixes = [("demo mix (mean 62 tokens)", lambda: workloads.demo(ctx.work, copies=8)),
+                 ("128-512 tokens", lambda: workloads.long_mix(ctx.work, rows=3200))]
+    else:
+        mixes = [("demo mix (mean 62 tokens)", lambda: workloads.demo(ctx.work, rows=64))]
+    base = [*workloads.model(arch), "tracking=none", "hardware.compile=false", "checkpoint.enabled=false",
+            f"train.batch_size={batch}", f"train.target_effective_batch={batch}", f"train.max_steps={steps}",
+            "train.epochs=1000", "train.eval_every_epochs=1000", f"train.warmup_steps_excluded={warmup}",
+            "train.log_every=5"]
+    ctx.record("setup", {"model": arch, "micro_batch": batch, "steps": steps, "warmup_steps_excluded": warmup,
+                         "compile": False})
+    runs, spent, decisions = [], {}, {}
+    for mix, data in mixes:
+        overrides = data()
+        for setting in ORDER:
+            needs = spent.get(setting, 40.0 if ctx.full else 5.0)
+            if ctx.left() < needs:
+                ctx.record("left_out", [*ctx.results.get("left_out", []),
+                                        f"{mix}: {setting}: {ctx.left():.0f} s left, its last run took {needs:.0f} s"])
+                continue
+            started, tracker = time.time(), NullTracker()
+            result = train(loading.load([*base, *overrides, *SETTINGS[setting]]), tracker=tracker, progress=False,
+                           verbose=False)
+            spent[setting] = time.time() - started
+            m = result.metrics
+            if setting == "packed":
+                decisions = {k: v for k, v in tracker.params.items() if k.startswith(("opt.packing.", "opt.padding.",
+                                                                                       "opt.attention."))}
+                ctx.record("decisions", decisions)
+            runs.append({"mix": mix, "setting": setting, "samples_per_s": m.get("perf/steady_samples_per_s"),
+                         "tokens_per_s": m.get("perf/steady_tokens_per_s"),
+                         "padding_efficiency": m.get("perf/padding_efficiency"),
+                         "peak_memory_gb": m.get("mem/peak_allocated_gb"), "seconds": spent[setting],
+                         "effective": result.setup.decision("padding").effective})
+            print(f"packing: {mix}: {setting}: {runs[-1]['samples_per_s']:.1f} samples/s", flush=True)
+            ctx.record("runs", runs)
+            ctx.record("ratios", {name: ratio(runs, name) for name, _ in mixes if any(r["mix"] == name for r in runs)})
+            del result
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+
+
+def markdown(results: dict) -> str:
+    fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
+    s = results.get("setup", {})
+    d = results.get("decisions", {})
+    lines = [f"Model: random {s.get('model')}, micro-batch {s.get('micro_batch')} (packed: the same tokens a step on "
+             f"average), {s.get('steps')} steps a run, the first {s.get('warmup_steps_excluded')} untimed, compile off. "
+             f"Packed attention: **{d.get('opt.packing.effective', '?')}** ({d.get('opt.packing.reason', '')}).", "",
+             "| mix | setting | samples/s | tokens/s | padding efficiency | peak memory GiB |", "|---|---|---|---|---|---|"]
+    for r in results.get("runs", []):
+        lines.append(f"| {r['mix']} | {r['setting']} | {fmt(r['samples_per_s'], '.1f')} | "
+                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r['padding_efficiency'], '.1%')} | "
+                     f"{fmt(r['peak_memory_gb'], '.2f')} |")
+    lines += ["", "| mix | packed ÷ bucketed (P8, goal ≥ 1.3×) | per order |", "|---|---|---|"]
+    for mix, r in results.get("ratios", {}).items():
+        lines.append(f"| {mix} | **{fmt(r['packed_over_bucketed'], '.2f')}×** | "
+                     f"{', '.join(f'{x:.2f}×' for x in r['per_order']) or '–'} |")
+    if results.get("left_out"):
+        lines += ["", "Left out for lack of time: " + "; ".join(results["left_out"]) + "."]
+    return "\n".join(lines)
+
+
+SECTION = Section("packing", "P8: packed vs bucketed batches", run, needs=(), min_s={"full": 45, "smoke": 10},
+                  max_s={"full": 150, "smoke": 120}, markdown=markdown)
