@@ -18,6 +18,15 @@ os.environ.pop("HF_HUB_OFFLINE", None)  # per test instead: read at huggingface_
 os.environ.pop("TRANSFORMERS_OFFLINE", None)
 os.environ.pop("HF_TOKEN", None)  # a developer's own token stays out of the tests
 
+# make test runs the suite in two pytest-xdist workers on the two cores. Each worker's torch (and every process it
+# starts, which inherit the variable) gets one intra-op thread: OpenMP threads spinning against the other worker's
+# make a tiny model's step up to ten times slower (the one_torch_thread fixture below). A process that sets its
+# own (hpo workers: hpo/placement.py) still does.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -28,7 +37,40 @@ MLFLOW_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIME
 TINY = ["hardware=cpu", "model=tiny", "tracking=none", "train.max_steps=3", "train.epochs=1", "train.log_every=1"]
 
 
+# pytest-xdist (make test: -n 2 --dist loadgroup) sends each group's tests to one worker. The groups: the Docker
+# tests (one engine, and the image they wait for), and the modules whose module-scoped fixtures start servers or
+# train, which two workers would otherwise each pay for.
+XDIST_GROUPS = {"tests/test_mlflow_run.py": "docker", "tests/test_platform.py": "platform-stack",
+                "tests/test_registry_e2e.py": "registry-server", "tests/test_registry_race.py": "registry-race",
+                "tests/test_distributed_e2e.py": "torchrun"}
+LATE_GROUPS = ("docker",)
+
+
+def queue_order(items: list) -> list:
+    """The queue xdist deals from, the same in every worker (xdist requires it). Modules stay whole (their
+    module-scoped fixtures are set up once); the modules with slow end-to-end tests come first, so that the many
+    short tests fill the gaps at the end and both workers finish together. The Docker group waits on an image that
+    builds in the background for minutes on a new machine: it goes in after most of the slow modules, with short
+    tests still queued behind it for the other worker."""
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    slow = [m for m, its in modules.items() if any(i.get_closest_marker("slow") for i in its)]
+    late = [m for m in slow if XDIST_GROUPS.get(m) in LATE_GROUPS]
+    slow = [m for m in slow if m not in late]
+    rest = [m for m in modules if m not in slow and m not in late]
+    cut = len(slow) * 3 // 4
+    order = slow[:cut] + late + slow[cut:] + rest
+    return [item for m in order for item in modules[m]]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = XDIST_GROUPS.get(item.nodeid.split("::")[0])
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    items[:] = queue_order(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (none visible)")
@@ -39,11 +81,50 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """Where tests that need the Docker engine were collected, start it and build its image now, in the
-    background, so that the minutes of downloads overlap the tests that run before them."""
-    if any("engine" in getattr(item, "fixturenames", ()) for item in session.items):
+    background, so that the minutes of downloads overlap the tests that run before them. Under pytest-xdist the
+    controller does it instead (pytest_xdist_node_collection_finished): a worker only checks that the controller,
+    which sees test ids and not fixtures, knows every file that uses the engine."""
+    from . import docker_engine  # lazy: it imports this module
+
+    users = {item.nodeid.split("::")[0] for item in session.items if "engine" in getattr(item, "fixturenames", ())}
+    if XDIST_WORKER:
+        unknown = users - set(docker_engine.ENGINE_TEST_FILES)
+        if unknown:
+            raise pytest.UsageError(f"{sorted(unknown)} use the Docker engine: add them to "
+                                    f"tests/docker_engine.py's ENGINE_TEST_FILES")
+    elif users:
+        docker_engine.prepare_in_background()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist controller: tell each worker where the controller hands over the Docker engine."""
+    node.workerinput["maxout_engine_handoff"] = str(_engine_handoff())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """xdist controller: start the Docker engine and its image build as soon as a worker collected a test that
+    uses it. The controller outlives every worker, so the engine is there for whichever worker runs those tests."""
+    from . import docker_engine  # lazy: it imports this module
+
+    if any(i.split("::")[0] in docker_engine.ENGINE_TEST_FILES for i in ids):
+        docker_engine.HANDOFF = _engine_handoff()
+        docker_engine.prepare_in_background(docker_engine.HANDOFF)
+
+
+def _engine_handoff() -> Path:
+    from . import docker_engine  # lazy: it imports this module
+
+    return docker_engine.ENGINE_DIR / f"handoff-{os.getpid()}.json"
+
+
+def pytest_configure(config):
+    handoff = getattr(config, "workerinput", {}).get("maxout_engine_handoff")
+    if handoff:
         from . import docker_engine  # lazy: it imports this module
 
-        docker_engine.prepare_in_background()
+        docker_engine.HANDOFF = Path(handoff)
 
 
 def pytest_sessionfinish(session):
@@ -77,11 +158,25 @@ def _isolate(monkeypatch):
 
 @pytest.fixture
 def mlflow_store(tmp_path):
-    """A temporary embedded store: overrides that point tracking at it, plus the URI for queries."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    overrides = ["tracking=local", f"tracking.uri={uri}", f"tracking.artifact_location={(tmp_path / 'art').as_uri()}",
+    """A temporary embedded store, empty: overrides that point tracking at it, plus the URI for queries. The file
+    is a copy of a migrated one (tests/store_template.py): MLflow's migrations cost seconds per new store."""
+    from .store_template import new_store
+
+    new_store(tmp_path / "mlflow.db")
+    return _store(tmp_path)
+
+
+@pytest.fixture
+def no_mlflow_store(tmp_path):
+    """Like mlflow_store, but no file exists yet: for tests whose point is that nothing creates it."""
+    return _store(tmp_path)
+
+
+def _store(folder: Path) -> dict:
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    overrides = ["tracking=local", f"tracking.uri={uri}", f"tracking.artifact_location={(folder / 'art').as_uri()}",
                  "tracking.system_metrics=false"]
-    return {"uri": uri, "overrides": overrides, "dir": tmp_path}
+    return {"uri": uri, "overrides": overrides, "dir": folder}
 
 
 def runs_in(uri: str):

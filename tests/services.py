@@ -96,6 +96,10 @@ def mlflow_server(backend_uri: str, artifacts_destination: Optional[str] = None,
     """``mlflow server`` as a real process; yields its http URL. With ``artifacts_destination`` artifacts are
     proxied (clients need no storage credentials)."""
     port = port or free_port()
+    if backend_uri.startswith("sqlite:///") and not Path(backend_uri.removeprefix("sqlite:///")).exists():
+        from .store_template import new_store  # seconds of migrations saved; the server adds its own Default
+
+        new_store(Path(backend_uri.removeprefix("sqlite:///")))
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     if artifacts_destination:

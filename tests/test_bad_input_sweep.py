@@ -27,6 +27,7 @@ from maxout.registry import promotion
 
 from .conftest import MLFLOW_VARS, ROOT, TINY, runs_in
 from .services import free_port
+from .store_template import new_store
 
 TRAIN = ["train", "model=tiny", "train.max_steps=1"]
 PAIR_DATA = ["data=files", "data.text_column=post", "data.text_pair_column=criterion"]
@@ -259,7 +260,8 @@ def run(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_input(name, tmp_path, mlflow_store, capsys, monkeypatch):
+def test_bad_input(name, tmp_path, no_mlflow_store, capsys, monkeypatch):
+    mlflow_store = no_mlflow_store
     case = CASES[name]
     args = [a(tmp_path) if callable(a) else a for a in case.args]
     if case.train:
@@ -391,7 +393,7 @@ def test_a_signal_while_the_model_is_logged_leaves_it_failed_never_pending(tmp_p
 def model(tmp_path_factory):
     """A tiny model trained once, registered as `blank@champion` in a SQLite store."""
     root = tmp_path_factory.mktemp("predict")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = new_store(root / "mlflow.db")
     with pytest.MonkeyPatch.context() as mp:  # module fixtures run before conftest's per-test isolation
         mp.chdir(ROOT)
         for var in MLFLOW_VARS:

@@ -144,7 +144,8 @@ def test_train_with_batch_size_auto_logs_the_search_and_reuses_the_cache(demo, c
         batch_finder.find(other_cfg, other_device, *demo)
 
 
-def test_a_budget_below_one_sample_says_how_much_one_needs(mlflow_store, capsys, tmp_path):
+def test_a_budget_below_one_sample_says_how_much_one_needs(no_mlflow_store, capsys, tmp_path):
+    mlflow_store = no_mlflow_store
     code = cli.main(["train", *TINY, *mlflow_store["overrides"], "train.batch_size=auto",
                      "batch_finder.memory_budget_gb=0.001", f"batch_finder.cache_path={tmp_path / 'c.json'}"])
     err = capsys.readouterr().err.strip()

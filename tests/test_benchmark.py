@@ -137,7 +137,8 @@ def test_the_default_grid_is_every_value_of_every_axis():
     ("compile", "grid entry 'compile' is malformed: write axis=value1,value2"),
     ("compile=on compile=off", "grid key 'compile' is given twice"),
 ])
-def test_bad_grids_are_one_line_usage_errors_and_run_nothing(grid, message, mlflow_store, capsys):
+def test_bad_grids_are_one_line_usage_errors_and_run_nothing(grid, message, no_mlflow_store, capsys):
+    mlflow_store = no_mlflow_store
     assert cli.main(["benchmark", *BASE, *mlflow_store["overrides"], "--grid", grid, "--steps", "5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"maxout: error: {message}") and "\n" not in err, err

@@ -24,6 +24,7 @@ from maxout.train.callbacks import TrainState
 from maxout.train.distributed import World, combine_results, outcome, verdict
 
 from .conftest import TINY
+from .store_template import new_store
 
 
 def demo_lengths(rows: int = 203, seed: int = 0) -> list[int]:
@@ -329,7 +330,7 @@ def test_the_launcher_ends_a_run_its_rank_0_left_running(tmp_path):
 
     from maxout.train import launch
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     client = mlflow.MlflowClient(uri)
     run = client.create_run(client.create_experiment("orphans"))
     (tmp_path / "run.json").write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))

@@ -37,6 +37,7 @@ from maxout.tracking import spool
 from maxout.train import Callback, checkpointing, resume, train
 
 from .conftest import ROOT, runs_in
+from .store_template import new_store
 from .test_checkpointing import STEPS, CrashAt, history, small, small_data
 from .test_registry import lock_leftovers
 from .test_reliability_e2e import Server
@@ -163,7 +164,7 @@ def test_no_intact_checkpoint_is_one_line_naming_each_file_and_ends_the_killed_r
 
 
 def test_a_damaged_spool_keeps_its_sound_records_and_replay_delivers_them(tmp_path, caplog):
-    store = f"sqlite:///{tmp_path / 'store.db'}"
+    store = new_store(tmp_path / "store.db")
     client = mlflow.MlflowClient(store)
     run_id = client.create_run(client.create_experiment("damaged")).info.run_id
     path = tmp_path / f"{run_id}.jsonl"

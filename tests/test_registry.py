@@ -27,12 +27,13 @@ from maxout.config import Config, RegistryConfig, TrackingConfig
 from maxout.errors import MaxoutError
 
 from .conftest import ROOT, runs_in
+from .store_template import new_store
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """One store for the module (creating a SQLite store costs seconds); each test uses its own model name."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('registry') / 'mlflow.db'}"
+    uri = new_store(tmp_path_factory.mktemp("registry") / "mlflow.db")
     client = registry_client.connect(uri)
     return {"uri": uri, "client": client, "experiment": client.create_experiment("registry-tests")}
 
@@ -194,8 +195,8 @@ def test_the_sqlite_lock_excludes_a_process_of_another_uid_that_can_write_the_st
         pytest.fail("this test switches to uid 65534 and needs root (the test machines and CI run as root)")
     tmp_path = Path(tempfile.mkdtemp(prefix="maxout-shared-store-"))  # pytest's tmp_path is root's alone (0700)
     tmp_path.chmod(0o1777)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).search_experiments()  # creates the store (connect() would also make it global)
+    uri = new_store(tmp_path / "mlflow.db")
+    MlflowClient(tracking_uri=uri).search_experiments()  # opens the store (connect() would also make it global)
     (tmp_path / "mlflow.db").chmod(0o666)
     client = MlflowClient(tracking_uri=uri)
     lock = registry_lock.promotion_lock(client, "shared-model", timeout_s=1)

@@ -20,6 +20,7 @@ from maxout.registry import promotion as registry_promotion
 
 from .conftest import ROOT
 from .services import create_database, postgres
+from .store_template import new_store
 from .test_registry import Holder, candidate, cfg_for, lock_leftovers, offer
 
 pytestmark = pytest.mark.slow
@@ -57,7 +58,7 @@ def race(uri: str, name: str = "race") -> None:
 
 
 def test_eight_concurrent_promoters_on_sqlite_leave_exactly_one_champion_the_best(tmp_path):
-    race(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    race(new_store(tmp_path / "mlflow.db"))
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def test_the_tag_lock_admits_one_holder_at_a_time_under_contention(tmp_path):
     """The bakery over tags, observed directly (tests/lock_stress.py): 5 processes x 3 rounds of an unguarded
     read-pause-write of a counter under the lock. Without a lock this loses increments and overlaps (checked by
     hand with 6 x 4: counter 4 of 24, 5 overlaps)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     client = registry_client.connect(uri)
     client.create_registered_model("stress")
     proc = subprocess.run([sys.executable, "-m", "tests.lock_stress", uri, "stress", "5", "3", str(tmp_path)],

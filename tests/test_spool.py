@@ -21,6 +21,7 @@ from maxout.tracking import spool
 from maxout.tracking.datasets import DataInput
 
 from .services import free_port
+from .store_template import new_store
 
 
 def metrics(steps, key="train/loss"):
@@ -44,7 +45,7 @@ def test_the_journal_reopens_with_what_was_not_acknowledged_in_order(tmp_path):
 
 
 def test_unreachable_server_keeps_records_and_replay_delivers_each_metric_once(tmp_path, capsys):
-    store = f"sqlite:///{tmp_path / 'store.db'}"
+    store = new_store(tmp_path / "store.db")
     client = mlflow.MlflowClient(store)
     run_id = client.create_run(client.create_experiment("outage")).info.run_id
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -68,7 +69,7 @@ def test_unreachable_server_keeps_records_and_replay_delivers_each_metric_once(t
 
 
 def test_a_write_mlflow_refuses_is_reported_not_retried(tmp_path):
-    store = f"sqlite:///{tmp_path / 'store.db'}"
+    store = new_store(tmp_path / "store.db")
     client = mlflow.MlflowClient(store)
     run_id = client.create_run(client.create_experiment("refused")).info.run_id
     client.log_param(run_id, "cfg.lr", "0.1")
@@ -102,7 +103,7 @@ def locked_error(database):
 def test_a_busy_sqlite_store_is_retried_not_taken_for_a_refusal(tmp_path, caplog):
     """CI saw it: a run's metrics and its model's upload write to one SQLite file at once, and SQLite refuses one
     ("database is locked"). That write goes through on the next try; it must not fail the run."""
-    store = f"sqlite:///{tmp_path / 'store.db'}"
+    store = new_store(tmp_path / "store.db")
     client = mlflow.MlflowClient(store)
     run_id = client.create_run(client.create_experiment("busy")).info.run_id
     busy = locked_error(tmp_path / "store.db")
@@ -138,7 +139,7 @@ def test_an_upload_to_a_sqlite_store_is_retried_when_busy_and_writes_alone(tmp_p
     from maxout.tracking import tracker as tracker_mod
 
     monkeypatch.setattr(spool.Sender, "retry_s", 0.05)
-    cfg = TrackingConfig(backend="mlflow", uri=f"sqlite:///{tmp_path / 'store.db'}", experiment_name="busy",
+    cfg = TrackingConfig(backend="mlflow", uri=new_store(tmp_path / "store.db"), experiment_name="busy",
                          system_metrics=False, spool_dir=str(tmp_path / "spool"))
     run = tracker_mod.start(cfg, run_name="busy upload")
     busy, tries, sender_could_deliver = locked_error(tmp_path / "store.db"), [], []
@@ -186,7 +187,7 @@ def test_a_runs_start_and_end_go_through_a_busy_store(tmp_path, monkeypatch):
 
     for name in ("create_run", "set_terminated"):
         monkeypatch.setattr(mlflow.MlflowClient, name, busy_once(name))
-    cfg = TrackingConfig(backend="mlflow", uri=f"sqlite:///{tmp_path / 'store.db'}", experiment_name="busy",
+    cfg = TrackingConfig(backend="mlflow", uri=new_store(tmp_path / "store.db"), experiment_name="busy",
                          system_metrics=False, spool_dir=str(tmp_path / "spool"))
     run = tracker_mod.start(cfg, run_name="busy start and end")
     run.log_metrics({"train/loss": 0.5}, step=1)
@@ -222,7 +223,7 @@ VALIDATION = DataInput("demo-validation", "0123456789abcdef", "validation", "dat
 
 def test_a_format_1_journal_still_replays(tmp_path):
     """A journal written before model scores and inputs existed (four-item metrics, header format 1)."""
-    store = f"sqlite:///{tmp_path / 'store.db'}"
+    store = new_store(tmp_path / "store.db")
     client = mlflow.MlflowClient(store)
     run_id = client.create_run(client.create_experiment("old")).info.run_id
     path = tmp_path / f"{run_id}.jsonl"

@@ -30,6 +30,7 @@ from maxout.tracking.tracker import model_id
 
 from . import services
 from .conftest import TINY
+from .store_template import new_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 REGISTERED = "ui-demo"
@@ -123,7 +124,7 @@ def test_the_mlflow_ui_shows_datasets_scored_models_and_no_lock_model(tmp_path, 
         pytest.fail("Debian's chromium is missing: apt-get install chromium (docker/install-engine.sh does)")
     shots = Path(os.environ.get("MAXOUT_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
-    backend = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    backend = new_store(tmp_path / "mlflow.db")
     store = ["tracking=local", f"tracking.uri={backend}", f"tracking.artifact_location={(tmp_path / 'art').as_uri()}",
              "tracking.system_metrics=false", f"registry.name={REGISTERED}", "--no-progress"]
     # The fewest steps and trials that make it real: a 3-step `maxout train`, then a two-trial study of one epoch
