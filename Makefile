@@ -48,16 +48,22 @@ run: install
 	$(BIN)/maxout train hardware=auto
 	@echo "Browse the run: make ui   (MLflow UI on http://127.0.0.1:5000; the store: ./mlflow.db and ./mlruns)"
 
+# The suite's parallel run (pytest-xdist): one worker per core of the 2-core machines it is sized for. Groups
+# (tests/conftest.py: XDIST_GROUPS) keep the Docker tests and the modules that share expensive module fixtures on
+# one worker each; the queue keeps the collection order (the Docker tests last, while their image builds).
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL ?= -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 ## test: the whole suite, slow end-to-end tests included (what CI runs); as root it first installs the Docker
 ##   engine, debootstrap and Compose that tests/test_mlflow_run.py and the compose check use, and chromium (the
 ##   browser test, tests/test_ui_browser.py), if missing
 test: install
 	docker/install-engine.sh
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25
 
 ## test-fast: everything but the slow end-to-end tests
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 ## fuzz: the fuzzers (tests/test_fuzz_config.py, tests/test_fuzz_data.py) for FUZZ_MINUTES, before a release: rounds of
 ##   FUZZ_SCALE times make test's examples, each with a fresh random seed (Hypothesis profile `long`), until the time

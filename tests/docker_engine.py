@@ -143,34 +143,86 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 _prepared: Optional[concurrent.futures.Future] = None
+# Under pytest-xdist the controller prepares the engine (it outlives every worker) and hands it to the worker that
+# runs the Docker tests through this file: {"host", "build_seconds", "user_python"} or {"error"}. None: this process
+# prepares its own (a plain pytest run).
+HANDOFF: Optional[Path] = None
+# The test files whose tests use the engine: the controller sees only test ids, not fixtures, when it decides to
+# start the engine; conftest checks this list against the fixtures every worker collected.
+ENGINE_TEST_FILES = ("tests/test_mlflow_run.py",)
 
 
-def prepare_in_background() -> None:
+def prepare_in_background(handoff: Optional[Path] = None) -> None:
     """Start :func:`_prepare` in a thread while the rest of the suite runs (conftest calls this once the tests
     that use the engine are collected). On a fresh machine it takes minutes that wait mostly on the network and the
-    disk (debootstrap, pip downloads, image layers), not on the two cores the other tests use."""
+    disk (debootstrap, pip downloads, image layers), not on the two cores the other tests use. With ``handoff`` (the
+    xdist controller), the result is written there for the worker that runs the Docker tests."""
     global _prepared
     if _prepared is None and os.geteuid() == 0 and all(map(shutil.which, ("dockerd", "docker", "debootstrap"))):
-        _prepared = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="docker-engine").submit(_prepare)
+        if handoff:
+            handoff.unlink(missing_ok=True)
+        _prepared = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="docker-engine").submit(
+            _prepare_and_hand_off if handoff else _prepare, *([handoff] if handoff else []))
+
+
+def _prepare_and_hand_off(handoff: Path) -> tuple[subprocess.Popen, Engine]:
+    try:
+        proc, running = _prepare()
+    except BaseException as err:
+        _write_json(handoff, {"error": f"{type(err).__name__}: {err}"})
+        raise
+    _write_json(handoff, {"host": running.host, "build_seconds": running.build_seconds,
+                          "user_python": running.user_python})
+    return proc, running
+
+
+def _write_json(path: Path, value: dict) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)  # the worker never reads half a file
+
+
+def _handed_off(handoff: Path) -> Engine:
+    """The controller's engine, once it is ready (the worker waits for the file, at most as long as a build)."""
+    import json
+
+    deadline = time.monotonic() + BUILD_TIMEOUT_S
+    while not handoff.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Docker engine was not ready within {BUILD_TIMEOUT_S} s ({handoff} never came)")
+        time.sleep(1)
+    got = json.loads(handoff.read_text())
+    if "error" in got:
+        raise RuntimeError(f"preparing the Docker engine failed: {got['error']}")
+    return Engine(got["host"], got["build_seconds"], got["user_python"])
 
 
 def stop_background() -> None:
-    """At the end of the session: stop an engine prepared in the background that no test took (after waiting for
-    its build, when the session ended first: the engine must not outlive it)."""
+    """At the end of the session: stop an engine prepared in the background (after waiting for its build, when the
+    session ended first: the engine must not outlive it). Under xdist this is the controller, after every worker."""
     if _prepared is not None and _prepared.exception() is None:
         _stop(_prepared.result()[0])
+    if HANDOFF is not None and _prepared is not None:
+        HANDOFF.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def engine() -> Iterator[Engine]:
     """The engine, with the image built (by :func:`prepare_in_background` where it ran); stopped at the end (its
-    data root stays, as a cache)."""
+    data root stays, as a cache). A worker of an xdist run takes the controller's engine, which the controller
+    stops at the end of the session."""
     global _prepared
     if os.geteuid() != 0:
         pytest.skip("starting a Docker engine needs root (CI runs as root)")
     _need("dockerd", "docker.io")
     _need("docker", "docker.io")
     _need("debootstrap", "debootstrap")
+    if HANDOFF is not None:
+        yield _handed_off(HANDOFF)
+        return
     prepared, _prepared = _prepared, None  # the background engine serves the first caller only
     proc, running = prepared.result() if prepared is not None else _prepare()
     try:

@@ -152,6 +152,23 @@ def _equal(a, b) -> bool:
     return a == b
 
 
+def _results(procs, results, timeout_s: float = 600) -> dict:
+    """Each rank's result, waited for while both ranks live: a rank that dies first fails the test at once with its
+    exit code (its output is in the captured stderr), not after the whole timeout."""
+    import queue
+
+    got, deadline = {}, time.monotonic() + timeout_s
+    while len(got) < len(procs):
+        try:
+            rank, out = results.get(timeout=1)
+            got[rank] = out
+        except queue.Empty:
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if r not in got and p.exitcode not in (None, 0)]
+            assert not dead, f"rank(s) died before reporting: {dead} (rank, exit code)"
+            assert time.monotonic() < deadline, f"no result from ranks {sorted(set(range(len(procs))) - set(got))}"
+    return got
+
+
 def _spawn(directory: Path, phase: str):
     context = multiprocessing.get_context("spawn")
     results, port = context.Queue(), _free_port()
@@ -166,7 +183,7 @@ def test_fsdp_shards_are_written_by_each_rank_committed_whole_verified_and_resto
     run_dir = tmp_path / "key" / "run"
     procs, results = _spawn(tmp_path, "write")
     try:
-        wrote = dict(results.get(timeout=600) for _ in procs)
+        wrote = _results(procs, results)
         deadline = time.monotonic() + 600
         while not (tmp_path / "committing").exists():
             assert time.monotonic() < deadline and all(p.is_alive() for p in procs), "the job ended before step 5"
@@ -210,7 +227,7 @@ def test_fsdp_shards_are_written_by_each_rank_committed_whole_verified_and_resto
 
     with tmpfs(tmp_path / "small-disk", size="4m"):
         procs, results = _spawn(tmp_path, "resume")
-        got = dict(results.get(timeout=600) for _ in procs)
+        got = _results(procs, results)
         for proc in procs:
             proc.join(timeout=60)
     # async: the call returned with the write still under way; what it wrote is step 3's state (the copy DCP's
