@@ -178,6 +178,13 @@ def compose(overrides: Sequence[str] = ()) -> Any:
             raise ConfigError(f"invalid value for {merging.group(1)} in override {merging.group(0)[23:]}: "
                               f"{cause}") from None
         raise ConfigError(f"bad override ({first}); overrides look like key=value, e.g. train.lr=3e-5") from None
+    except (ValueError, TypeError, KeyError, IndexError) as err:
+        # OmegaConf.update's own errors, which Hydra lets through: int('lr') for hardware.match.lr=x (a list's items
+        # go by index). load() and precheck() compose each override alone to find the one to name.
+        keys = [o for o in overrides[:len(overrides) - bool(extra)] if "." in o.lstrip("+~").split("=", 1)[0]]
+        raise ConfigError(f"bad override {' '.join(keys) or 'in the overrides'} ({type(err).__name__}: "
+                          f"{' '.join(str(err).split())[:200]}); a list's items are set by index (key.0=value), a "
+                          f"dict's by name (key.name=value)") from None
 
 
 @functools.lru_cache(maxsize=None)
