@@ -66,7 +66,8 @@ class _Overflow(Exception):
 
 def check(cfg: Config, tokenizer: Any, device: Any) -> Footprint:
     """The footprint of ``cfg``'s model, refused (ConfigError naming the key) where a library refuses a value or
-    training it needs more than ``device``'s memory; then, for source=config, the one-layer forward."""
+    training it needs more than ``device``'s memory (under FSDP, each rank's share of it). smoke() runs the
+    one-layer forward after the checks that build on this one."""
     mc = cfg.model
     found = estimate(mc, tokenizer)
     memory = device_memory(device)
