@@ -163,8 +163,19 @@ def argv(fuzzed: list[str], tmp: str, fixed: Optional[dict] = None, context: Seq
     return [*kept, *fuzzed, *(f"{k}={v}" for k, v in fixed.items())]
 
 
+LEAVES = {k.dotted: k for k in KEYS}
+
+
 def names_a_key(line: str, fuzzed: list[str]) -> bool:
-    return any(key_of(o) in line for o in fuzzed)
+    """The line names a fuzzed key; for a key below a field that is not a free-form dict (``+hardware.pad_widths.a=x``
+    on an Any field), naming that field, whose value the key changed, is naming it."""
+    for override in fuzzed:
+        parts = key_of(override).split(".")
+        fields_above = [".".join(parts[:i]) for i in range(1, len(parts))]
+        names = [key_of(override)] + [f for f in fields_above if f in LEAVES and LEAVES[f].hint is not dict]
+        if any(name in line for name in names):
+            return True
+    return False
 
 
 def check_refusal(line: str, fuzzed: list[str]) -> None:
@@ -354,6 +365,8 @@ def free_form(draw) -> tuple[list[str], list[str]]:
 @example(case=([], ["+model.architecture.type_vocab_size=0"]))  # failed in the first forward pass
 @example(case=([], ["~model.architecture.num_attention_heads"]))  # BERT's default 12 heads do not divide 32
 @example(case=(["model.adapter=lora"], ["model.lora_target_modules=[nope]"]))  # peft's ValueError
+@example(case=([], ["hardware.match.lr='x'"]))  # was OmegaConf's ValueError: int('lr') on a list
+@example(case=([], ["+hardware.pad_widths.a=all"]))  # a dict under an Any field: the refusal names the field
 def test_any_free_form_key_is_accepted_or_refused_in_one_line_naming_the_key(case, tmp_path):
     context, fuzzed = case
     check_property(fuzzed, str(tmp_path), context)
