@@ -28,18 +28,18 @@ from __future__ import annotations
 import math
 import typing
 import zlib
-from unittest import mock
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
+from unittest import mock
 
 import pytest
 from hypothesis import example, given, strategies as st
+from transformers import CONFIG_MAPPING
 
 from maxout import config as config_module, loading, paths
 from maxout.config import Config
 from maxout.errors import Diverged, MaxoutError
-from transformers import CONFIG_MAPPING
 
 from .fuzzing import fuzz_settings, one_error_line, out_of_time, run_cli
 
@@ -291,6 +291,7 @@ def group_choices(draw) -> list[str]:
 @example(fuzzed=["hpo=nope"])  # was accepted without a word: Hydra skips an unknown option of an optional group
 @example(fuzzed=["hardware=[cpu, gpu]"])  # was accepted: Hydra merged both profiles
 @example(fuzzed=["hpo={a: 1}"])  # was AttributeError: 'NoneType' object has no attribute 'get'
+@example(fuzzed=["~hpo", "hpo.study_name=all"])  # make fuzz: OmegaConf's AssertionError (~hpo read as a choice)
 def test_any_group_choice_is_accepted_or_refused_in_one_line_naming_the_group(fuzzed, tmp_path):
     check_property(fuzzed, str(tmp_path))
 

@@ -261,11 +261,12 @@ def _unresolvable(node: Any, prefix: str = "") -> Optional[str]:
 
 def _inside_null_section(overrides: Sequence[str]) -> Optional[tuple[str, str]]:
     """(key, section) of the first override that sets a key inside a section the schema leaves null (``hpo``,
-    unless an ``hpo=...`` choice selects it): ``hpo.study_name=x`` on ``maxout train``."""
+    unless an ``hpo=...`` choice selects it): ``hpo.study_name=x`` on ``maxout train``, or after ``~hpo`` (a
+    deletion selects nothing)."""
     typed = typing.get_type_hints(Config)
     null = {f.name for f in fields(Config) if f.default is None and _dataclass_in(typed[f.name])}
     keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
-    chosen = {k for k in keys if "." not in k}
+    chosen = {key for key, o in zip(keys, overrides) if "." not in key and not o.startswith("~")}
     return next(((k, k.split(".")[0]) for k in keys if "." in k and k.split(".")[0] in null - chosen), None)
 
 
