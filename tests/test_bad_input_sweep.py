@@ -124,7 +124,8 @@ CASES = {
     # something else than the config says)
     "max_length_beyond_positions": Case(["data.max_length=2048"], 2,
                                         ["data.max_length=2048 is more than model 'tiny' can take: 512 tokens "
-                                         "(max_position_embeddings=512); set data.max_length=512 or less"]),
+                                         "(model.architecture.max_position_embeddings=512); set data.max_length=512 or "
+                                         "less"]),
     "max_length_beyond_a_smaller_table": Case(["model.architecture.max_position_embeddings=64", "data.max_length=65"],
                                               2, ["data.max_length=65 is more than model 'tiny' can take: 64"]),
     "distributed_strategy_typo": Case(["distributed.strategy=fsdpp", "distributed.timeout_s=0"], 2,

@@ -28,6 +28,7 @@ from .optimizations import (ADAPTERS, ATTENTION, BACKENDS, COMPILE_MODES, DATA_P
 
 SCHEDULES = ("linear", "cosine", "constant")
 PADDING = ("dynamic", "max_length", "packed")
+MAX_LENGTH_RANGE = (8, 8192)  # data.max_length: tokens per row
 POOLINGS = ("last", "mean", "first")  # serving/pooling.py pools each sample's hidden states this way
 ATTENTION_DIRECTIONS = ("causal", "bidirectional")  # model.attention; modeling.py applies it
 FORMATS = ("auto", "csv", "jsonl", "parquet")
@@ -67,6 +68,20 @@ def _check(ok: bool, message: str) -> None:
 def metric_direction(metric: str) -> str:
     """Which way a metric improves: losses go down, scores up."""
     return "minimize" if metric.endswith("loss") else "maximize"
+
+
+# Seeds reach numpy (np.random.seed, scikit-learn's random_state, Optuna's samplers), which takes 0 to 2**32 - 1
+# and raises past it: a seed outside fails the run at its start, or an HPO study at its first trial.
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def _check_seed(value: Any, key: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    low, high = SEED_RANGE
+    _check(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+           f"{key}={value!r} is not a seed numpy takes: use an integer in [{low}, {high}]"
+           + (" or null" if allow_none else ""))
 
 
 def _positive_int_or_auto(value: Any, key: str, allow_none: bool = False) -> None:
@@ -198,16 +213,22 @@ class DataConfig:
                f"data.packing_attention={one_of(self.packing_attention, PACKING_ATTENTION)}")
         _check(0.0 < self.validation_split < 1.0,
                f"data.validation_split={self.validation_split} must be in (0, 1)")
-        _check(8 <= self.max_length <= 8192, f"data.max_length={self.max_length} must be in [8, 8192]")
+        low, high = MAX_LENGTH_RANGE
+        _check(low <= self.max_length <= high, f"data.max_length={self.max_length} must be in [{low}, {high}]")
         _check(self.bucket_batches >= 1, f"data.bucket_batches={self.bucket_batches} must be >= 1")
+        _check_seed(self.split_seed, "data.split_seed")
         budget = self.max_tokens_per_batch
         _check(budget in (None, "auto") or (isinstance(budget, int) and not isinstance(budget, bool)
                                             and budget >= self.max_length),
                f"data.max_tokens_per_batch={budget!r} is invalid: use an integer >= data.max_length="
                f"{self.max_length} (one row must fit), 'auto' or null")
-        _check(self.pad_to_multiple_of in ("auto", None) or (isinstance(self.pad_to_multiple_of, int)
-                                                             and self.pad_to_multiple_of > 0),
-               f"data.pad_to_multiple_of={self.pad_to_multiple_of!r}: use a positive integer, null or 'auto'")
+        # A multiple past max_length pads every batch beyond the longest row allowed (99999999999: terabytes);
+        # whether max_length rounded up fits the model's positions is prepare's check (it needs the model).
+        multiple = self.pad_to_multiple_of
+        _check(multiple in ("auto", None) or (isinstance(multiple, int) and not isinstance(multiple, bool)
+                                              and 0 < multiple <= self.max_length),
+               f"data.pad_to_multiple_of={multiple!r}: use a positive integer up to data.max_length="
+               f"{self.max_length}, null or 'auto'")
 
 
 @dataclass
@@ -267,6 +288,7 @@ class TrainConfig:
                f"train.early_stopping.patience={stopping.patience} watches train.select_best's metric, but "
                f"train.select_best={SELECT_LAST}: set train.select_best to a metric, e.g. eval/macro_f1")
         _check(self.log_every >= 1, f"train.log_every={self.log_every} must be >= 1")
+        _check_seed(self.seed, "train.seed")
         _check(self.warmup_steps_excluded >= 0,
                f"train.warmup_steps_excluded={self.warmup_steps_excluded} must be >= 0")
 
@@ -392,6 +414,7 @@ class SamplerConfig:
     def validate(self) -> None:
         _check(self.name in SAMPLERS, f"hpo.sampler.name={one_of(self.name, SAMPLERS)}")
         _check(self.n_startup_trials >= 0, f"hpo.sampler.n_startup_trials={self.n_startup_trials} must be >= 0")
+        _check_seed(self.seed, "hpo.sampler.seed", allow_none=True)
 
 
 @dataclass
@@ -457,6 +480,7 @@ class HpoConfig:
         _check(self.metric in EVAL_METRICS, f"hpo.metric={one_of(self.metric, EVAL_METRICS)}")
         _check(self.direction in DIRECTIONS, f"hpo.direction={one_of(self.direction, DIRECTIONS)}")
         _check(self.k_folds >= 1, f"hpo.k_folds={self.k_folds} must be >= 1 (1: the plain train/validation split)")
+        _check_seed(self.fold_seed, "hpo.fold_seed")
         _check(self.log_models in LOG_MODELS, f"hpo.log_models={one_of(self.log_models, LOG_MODELS)}")
         _check(self.heartbeat_interval_s >= 1, f"hpo.heartbeat_interval_s={self.heartbeat_interval_s} must be >= 1")
         _check(self.grace_period_s > self.heartbeat_interval_s,

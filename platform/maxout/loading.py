@@ -15,6 +15,7 @@ Inputs. May import: errors, paths, config, hardware.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import typing
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
@@ -130,6 +132,8 @@ def compose(overrides: Sequence[str] = ()) -> Any:
     """Compose the raw Hydra config (a DictConfig) and translate Hydra's errors into one-line ConfigErrors."""
     _register_schema()
     overrides = list(overrides)
+    for override in overrides:
+        check_group_choice(override)
     extra = [f"file://{p}" for p in search_path()]
     if extra:
         overrides.append(f"hydra.searchpath=[{','.join(extra)}]")
@@ -160,6 +164,10 @@ def compose(overrides: Sequence[str] = ()) -> Any:
             key = raw is not None and _unresolvable(raw) or "an override"
             raise ConfigError(f"{key}: {first}; fix the ${{...}} interpolation or quote the value") from None
         key = re.search(r"Could not override '([^']+)'", first)
+        free = key and _free_form(key.group(1))
+        if free:  # a dict the schema leaves open (model.architecture, tracking.tags): Hydra adds a key only with +
+            raise ConfigError(f"{key.group(1)} is not in {free} yet; {free} is a free-form dict, so add a new key "
+                              f"with +{key.group(1)}=VALUE") from None
         if key:
             raise ConfigError(f"unknown config key {key.group(1)!r} in the overrides; "
                               f"valid keys under '{key.group(1).rsplit('.', 1)[0]}': "
@@ -170,6 +178,70 @@ def compose(overrides: Sequence[str] = ()) -> Any:
             raise ConfigError(f"invalid value for {merging.group(1)} in override {merging.group(0)[23:]}: "
                               f"{cause}") from None
         raise ConfigError(f"bad override ({first}); overrides look like key=value, e.g. train.lr=3e-5") from None
+    except (ValueError, TypeError, KeyError, IndexError) as err:
+        # OmegaConf.update's own errors, which Hydra lets through: int('lr') for hardware.match.lr=x (a list's items
+        # go by index). load() and precheck() compose each override alone to find the one to name.
+        keys = [o for o in overrides[:len(overrides) - bool(extra)] if "." in o.lstrip("+~").split("=", 1)[0]]
+        raise ConfigError(f"bad override {' '.join(keys) or 'in the overrides'} ({type(err).__name__}: "
+                          f"{' '.join(str(err).split())[:200]}); a list's items are set by index (key.0=value), a "
+                          f"dict's by name (key.name=value)") from None
+
+
+@functools.lru_cache(maxsize=None)
+def config_groups() -> dict[str, bool]:
+    """The config groups of config.yaml's defaults list, each with whether it is optional (hpo, experiment, debug):
+    read from the file, so a group added there is checked without a list kept here."""
+    groups = {}
+    for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults:
+        if hasattr(entry, "keys"):
+            for key in entry.keys():
+                words = str(key).split()
+                groups[words[-1]] = "optional" in words[:-1]
+    return groups
+
+
+def check_group_choice(override: str) -> None:
+    """A group choice (``model=tiny``, ``~hpo``) must name one option of its group. Hydra itself ends a bool, number
+    or null there in a ValueError traceback, merges every option of a list, and skips an unknown name of an
+    optional group (``hpo=nope``) without a word, so the choice is checked here, with the parser Hydra uses, before
+    Hydra sees it. Bad syntax is left to compose's own error."""
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+    except HydraException:
+        return
+    group = parsed.key_or_group
+    optional = config_groups().get(group)
+    if optional is None:  # a key (train.lr=...), not a group
+        return
+    value = parsed.value()
+    options = group_options(group)
+    valid = f"valid {group} options: {', '.join(options) or 'none exist'}"
+    drop = f"; ~{group} drops the optional group" if optional else ""
+    if parsed.is_delete():  # ~hpo, or ~hpo=NAME naming the option to drop
+        if value is None or (isinstance(value, str) and value):
+            return
+        raise ConfigError(f"{override}: a deletion takes the group alone (~{group}) or its selected option's name, "
+                          f"not {value!r} ({valid})")
+    if parsed.is_add():  # Hydra: "Multiple values for hardware", and no word of the fix
+        raise ConfigError(f"{override}: {group} is in config.yaml's defaults list already, so + would add a second "
+                          f"{group} option; pick one with {override[1:]} ({valid})")
+    if parsed.is_sweep_override():
+        why = f"a sweep of several options; one command takes one {group} option (maxout hpo searches values)"
+    elif isinstance(value, str) and value in options:
+        return
+    elif isinstance(value, str):
+        if value.strip():
+            raise ConfigError(f"unknown {group} {value!r} ({valid}{drop})")
+        why = "an empty name"
+    elif value is None:
+        why = f"null, which is no option{drop}" if optional else "null, which is no option; pick one"
+        drop = ""
+    elif isinstance(value, list):
+        why = f"a list; a command takes one {group} option"
+    else:
+        kind = {bool: "a bool", int: "an integer", float: "a number", dict: "a dict"}.get(type(value), "a value")
+        why = f"{kind}, not an option's name"
+    raise ConfigError(f"{override}: {why} ({valid}{drop})")
 
 
 def _unresolvable(node: Any, prefix: str = "") -> Optional[str]:
@@ -189,11 +261,12 @@ def _unresolvable(node: Any, prefix: str = "") -> Optional[str]:
 
 def _inside_null_section(overrides: Sequence[str]) -> Optional[tuple[str, str]]:
     """(key, section) of the first override that sets a key inside a section the schema leaves null (``hpo``,
-    unless an ``hpo=...`` choice selects it): ``hpo.study_name=x`` on ``maxout train``."""
+    unless an ``hpo=...`` choice selects it): ``hpo.study_name=x`` on ``maxout train``, or after ``~hpo`` (a
+    deletion selects nothing)."""
     typed = typing.get_type_hints(Config)
     null = {f.name for f in fields(Config) if f.default is None and _dataclass_in(typed[f.name])}
     keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
-    chosen = {k for k in keys if "." not in k}
+    chosen = {key for key, o in zip(keys, overrides) if "." not in key and not o.startswith("~")}
     return next(((k, k.split(".")[0]) for k in keys if "." in k and k.split(".")[0] in null - chosen), None)
 
 
@@ -206,6 +279,21 @@ def _register_schema() -> None:
 def _dataclass_in(hint: Any) -> Optional[type]:
     """The dataclass behind a field's type hint, also when Optional (the hpo section is null unless selected)."""
     return next((t for t in (hint, *typing.get_args(hint)) if is_dataclass(t)), None)
+
+
+def _free_form(dotted: str) -> Optional[str]:
+    """The free-form section above ``dotted`` (``model.architecture`` for ``model.architecture.x.y``): a field
+    typed dict or Any, whose keys no dataclass declares; None when every part above it is a dataclass."""
+    cls: Optional[type] = Config
+    parts = dotted.split(".")
+    for i, part in enumerate(parts[:-1]):
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return None
+        cls = _dataclass_in(hints[part])
+        if cls is None:
+            return ".".join(parts[:i + 1])
+    return None
 
 
 def _valid_keys(dotted: str) -> list[str]:

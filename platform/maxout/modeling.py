@@ -23,16 +23,18 @@ Inputs. May import: errors, config, hub.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import transformers
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 from transformers import logging as hf_logging
 from transformers.modeling_layers import GenericForSequenceClassification
 
 from . import hub
-from .config import ModelConfig
+from .config import MAX_LENGTH_RANGE, ModelConfig
 from .errors import ConfigError, MaxoutError
 
 
@@ -125,17 +127,78 @@ def with_pad_token(tokenizer: Any, name: str, source: str) -> Any:
     return tokenizer
 
 
+def config_class(cfg: ModelConfig) -> type:
+    """source=config: the transformers config class that ``model.architecture.model_type`` names (default bert)."""
+    model_type = cfg.architecture.get("model_type", DEFAULT_MODEL_TYPE)
+    if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
+        return CONFIG_MAPPING[model_type]
+    raise ConfigError(f"model.architecture.model_type={model_type!r} is not a model type transformers "
+                      f"{transformers.__version__} knows; use e.g. bert, gemma3_text, qwen3, llama, modernbert")
+
+
 def architecture_config(cfg: ModelConfig, **extra: Any) -> Any:
     """source=config: the config class named by ``model.architecture.model_type`` (default bert), with the rest of
-    the architecture dict as its fields."""
-    fields = dict(cfg.architecture)
-    model_type = fields.pop("model_type", DEFAULT_MODEL_TYPE)
+    the architecture dict as its fields. The class validates its fields itself (transformers' strict dataclasses:
+    types, and checks such as head counts); its error becomes one line naming the model.architecture key."""
+    fields = {k: v for k, v in cfg.architecture.items() if k != "model_type"}
+    cls = config_class(cfg)
+    taken = [k for k in fields if k in extra]  # transformers: "got multiple values for keyword argument"
+    if taken:
+        raise ConfigError(f"{architecture_keys(fields, taken)}: maxout sets {', '.join(taken)} itself (from the "
+                          f"tokenizer and the labels); remove it from model.architecture")
     try:
-        return AutoConfig.for_model(model_type, **fields, **extra)
-    except ValueError as err:
-        raise ConfigError(f"model.architecture.model_type={model_type!r} is not a model type transformers "
-                          f"{transformers.__version__} knows ({str(err).splitlines()[0][:120]}); use e.g. bert, "
-                          f"gemma3_text, qwen3, llama, modernbert") from None
+        return cls(**fields, **extra)
+    except Exception as err:  # anything the class raises is about the values it was given: they are the user's
+        raise architecture_error(fields, err, lambda f: cls(**f, **extra), cls.__name__, cls) from None
+
+
+def architecture_keys(fields: dict, keys: Sequence[str]) -> str:
+    """``model.architecture.a=1, model.architecture.b=2``: the keys as the user sets them."""
+    return ", ".join(f"model.architecture.{k}={fields[k]!r}" for k in keys)
+
+
+def blame(fields: dict, message: str, passes: Callable[[dict], bool]) -> list[str]:
+    """The keys of ``fields`` to name for a library's error: those its message names; else each key without which
+    (the library's default instead) ``passes``; else all of them."""
+    named = [k for k in fields if any(_spelled(name, message) for name in _spellings(str(k)))]
+    if named:
+        return named
+    return [k for k in fields if passes({o: v for o, v in fields.items() if o != k})] or list(fields)
+
+
+def _spelled(name: str, message: str) -> bool:
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
+
+
+def _spellings(key: str) -> list[str]:
+    """How a library's message may name a key: as is, or in words (transformers: "the hidden size (31) is not a
+    multiple of the number of attention heads (2)" for hidden_size and num_attention_heads)."""
+    words = key.replace("_", " ")
+    return [key, words, words.removeprefix("num ")] if " " in words else [key]
+
+
+def architecture_error(fields: dict, err: BaseException, attempt: Callable[[dict], Any], what: str,
+                       cls: Optional[type] = None) -> ConfigError:
+    """One line naming the model.architecture keys behind ``err``, raised by ``attempt(fields)``: transformers'
+    own words after them. Fields of the config class ``cls`` that the dict leaves at their default are named too
+    where the message speaks of them (``~model.architecture.num_attention_heads``: BERT's 12 heads)."""
+    message = " ".join(str(err).split())[:300] or type(err).__name__
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING
+                and f.name not in fields} if cls is not None and dataclasses.is_dataclass(cls) else {}
+    unset = [k for k in defaults if any(_spelled(name, message) for name in _spellings(k))]
+
+    def passes(subset: dict) -> bool:
+        try:
+            attempt(subset)
+            return True
+        except Exception:  # the same attempt, other values: any failure means this key alone is not the cause
+            return False
+
+    keys = blame(fields, message, passes)
+    named = ", ".join([architecture_keys(fields, keys)] * bool(keys)
+                      + [f"model.architecture.{k}={defaults[k]!r} (the default)" for k in unset])
+    return ConfigError(f"{named}: transformers {transformers.__version__} refuses it ({what}: "
+                       f"{type(err).__name__}: {message}); fix the value or remove the key")
 
 
 def build_config(cfg: ModelConfig, label_names: list[str], vocab_size: int, pad_token_id: Optional[int] = None
@@ -203,33 +266,46 @@ PADDING_OFFSET_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembe
 def position_limit(config: Any) -> tuple[Optional[int], str]:
     """(the most tokens the model's position embeddings take, how that was read), or (None, why there is no
     limit to check): relative-only positions (DeBERTa v2/v3: position_biased_input=false), or a config without
-    max_position_embeddings."""
+    max_position_embeddings. A limit of 0 or less takes no token at all (transformers builds such a model and
+    fails at its first forward)."""
     if getattr(config, "position_biased_input", True) is False:
         return None, "relative positions only (position_biased_input=false)"
     limit = getattr(config, "max_position_embeddings", None)
-    if not isinstance(limit, int) or limit <= 0:
+    if not isinstance(limit, int) or isinstance(limit, bool):
         return None, "no max_position_embeddings in its config"
     how = f"max_position_embeddings={limit}"
     pad = getattr(config, "pad_token_id", None)
     if getattr(config, "model_type", "") in PADDING_OFFSET_POSITIONS and pad is not None:
         offset = pad + 1
-        return limit - offset, f"{how} less {offset} for positions after the padding index"
-    return limit, how
+        return max(0, limit - offset), f"{how} less {offset} for positions after the padding index"
+    return max(0, limit), how
 
 
-def check_max_length(cfg: ModelConfig, max_length: int) -> None:
+def check_max_length(cfg: ModelConfig, max_length: int, multiple: Optional[int] = None) -> None:
     """Before the run starts: a sequence longer than the position embeddings fails mid-training with a tensor
     size mismatch (or, worse, indexes past the table on a GPU). Refused, naming the limit, rather than clamped:
     a clamp would change what the model sees while the config, the run key and HPO's comparisons still say the
-    longer length."""
+    longer length. ``multiple``: the collator rounds each batch's width up to a multiple of it
+    (data.pad_to_multiple_of), so the widest batch, data.max_length rounded up, must fit too."""
     if cfg.source == "config":
         config = architecture_config(cfg)
     else:
         config = AutoConfig.from_pretrained(weights_location(cfg))
     limit, how = position_limit(config)
-    if limit is not None and max_length > limit:
+    if limit is None:
+        return
+    if cfg.source == "config" and any(k in cfg.architecture for k in ("max_position_embeddings", "pad_token_id")):
+        how = f"model.architecture.{how}"  # the user's own setting: name it as they set it
+    if max_length > limit:
+        fix = (f"set data.max_length={limit} or less" if limit >= MAX_LENGTH_RANGE[0] else
+               f"the model must take at least {MAX_LENGTH_RANGE[0]} tokens, the shortest data.max_length")
         raise ConfigError(f"data.max_length={max_length} is more than model {cfg.name!r} can take: {limit} tokens "
-                          f"({how}); set data.max_length={limit} or less")
+                          f"({how}); {fix}")
+    widest = -(-max_length // multiple) * multiple if multiple else max_length
+    if widest > limit:
+        raise ConfigError(f"data.pad_to_multiple_of={multiple} pads the longest rows (data.max_length={max_length}) "
+                          f"to {widest} tokens, more than model {cfg.name!r} can take: {limit} tokens ({how}); use a "
+                          f"multiple that keeps data.max_length rounded up within {limit}, or null")
 
 
 def model_class(config: Any) -> type:

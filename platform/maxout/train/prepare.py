@@ -1,6 +1,7 @@
-"""The input checks that run before any run exists: data files, columns and labels, model availability,
-data.max_length against the model's position embeddings, the micro-batch, the tracking store (preflight.py),
-writable directories, and the checkpoint a ``resume`` asks for.
+"""The input checks that run before any run exists: data files, columns and labels, model availability, the
+model's config and its size on this machine (footprint.py), data.max_length against the model's position
+embeddings, the micro-batch, the tracking store (preflight.py), writable directories, and the checkpoint a
+``resume`` asks for.
 
 Every problem found is reported at once, in one line: ``3 problems: ...; ...; ...`` (one problem keeps its own
 message and exit code; several exit 2 when any of them is a usage error). ``check(cfg)`` is what ``train()``
@@ -13,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .. import data, modeling
+from .. import data, hardware, modeling
 from ..config import PER_CLASS_METRIC, Config
 from ..errors import ConfigError, MaxoutError, collect, combined
 from ..metrics import label_key
 from ..paths import check_writable
 from ..serving import pooling
-from . import resume as resume_mod
-from .setup import resolve_micro_batch
+from . import footprint, resume as resume_mod
+from .setup import pad_multiple, resolve_micro_batch
 
 
 @dataclass
@@ -51,13 +52,23 @@ def add_problems(cfg: Config, problems: list, dataset: Any = None, tokenizer: An
             dataset = collect(problems, data.load, cfg.data)
     if dataset is not None and _valid(cfg.train):
         collect(problems, check_selection_metric, cfg, dataset.label_names)
+    device = hardware.detect()  # what the model and the processes must fit in
     if tokenizer is None and _valid(cfg.model):
         if cfg.model.source == "config" or collect(problems, modeling.weights_location, cfg.model):
             tokenizer = collect(problems, modeling.load_tokenizer, cfg.model)
-            if _valid(cfg.data):  # against the model's position embeddings (its config.json, no weights)
-                collect(problems, modeling.check_max_length, cfg.model, cfg.data.max_length)
     if tokenizer is not None and _valid(cfg.model):
-        collect(problems, check_model, cfg, tokenizer)
+        # The model's config and its size on this machine first (meta device, nothing allocated): the checks
+        # after it build on a config that the library took and that fits.
+        before = len(problems)
+        if collect(problems, footprint.check, cfg, tokenizer, device):
+            if _valid(cfg.data):  # against the model's position embeddings (its config, no weights)
+                collect(problems, modeling.check_max_length, cfg.model, cfg.data.max_length,
+                        pad_multiple(cfg, device))
+            collect(problems, check_model, cfg, tokenizer)
+        if len(problems) == before:  # a forward pass only of a model that passed every check above
+            collect(problems, footprint.smoke, cfg, tokenizer)
+    if _valid(cfg.hardware):
+        collect(problems, check_machine, cfg, device)
     # auto: the batch finder probes once the run's device is known; an invalid batch size (all, inf) is already
     # among the config's problems, and int() of it would be a traceback
     if cfg.batch_size != "auto" and _valid(cfg.train) and _valid(cfg.hardware):
@@ -82,6 +93,17 @@ def check_selection_metric(cfg: Config, label_names: list[str]) -> None:
         valid = ", ".join(f"eval/{found.group(1)}/{k}" for k in keys)
         raise ConfigError(f"train.select_best={cfg.train.select_best!r} names label {found.group(2)!r}, which "
                           f"evaluation never logs: the labels are {list(map(str, label_names))} (valid: {valid})")
+
+
+def check_machine(cfg: Config, device: hardware.DeviceInfo) -> None:
+    """Process counts the machine can hold. DataLoader workers are processes, started together at the first batch;
+    maxout's tables are in memory, so a worker is CPU-bound and more of them than cores loads no faster
+    (hardware.num_workers=2147483648 would fork until the machine refuses)."""
+    workers = cfg.hardware.num_workers
+    if isinstance(workers, int) and workers > device.cpu_count:
+        raise ConfigError(f"hardware.num_workers={workers} is more worker processes than this machine's "
+                          f"{device.cpu_count} cores, which cannot load faster (the tables are in memory); use at "
+                          f"most {device.cpu_count}, or auto (cores - 2)")
 
 
 def check_model(cfg: Config, tokenizer: Any) -> None:
