@@ -114,3 +114,37 @@ def test_a_cuda_graph_step_marks_each_forward_and_keeps_gradient_buffers(monkeyp
     assert len(marks) == 4
     assert all(p.grad is buffers[id(p)] for p in s.model.parameters())
     assert all(not p.grad.any() for p in s.model.parameters())  # zeroed in place after the optimizer step
+
+
+def test_under_cuda_graphs_only_full_micro_batches_reach_the_graphs(cpu_device, one_torch_thread):
+    """cudagraph trees record a graph per distinct (rows, width): over two epochs of the real bucket plan, the graphed
+    forward sees the full micro-batch at the run's pad widths only; the epoch's partial last batch (800 rows, 48 a
+    batch: 32 left) runs eager. After an out-of-memory halving the graphs take the half micro-batch, and the odd
+    last chunk runs eager."""
+    result = train(loading.load([*TINY, "hardware.pad_widths=4", "data.bucketing=true", "train.batch_size=48",
+                                 "train.target_effective_batch=48", "train.max_steps=1"], device=cpu_device),
+                   tracker=NullTracker(), progress=False, device=cpu_device, verbose=False)
+    seen: dict[str, set] = {"graphs": set(), "eager": set()}
+
+    def recorded(path, module):
+        def forward(**inputs):
+            seen[path].add(tuple(inputs["input_ids"].shape))
+            return module(**inputs)
+        return forward
+
+    model = result.setup.model
+    s = dataclasses.replace(result.setup, forward=recorded("graphs", model), eager=recorded("eager", model),
+                            cuda_graphs=True)
+    widths = {int(w) for w in s.derived["pad_widths"].split()}
+    meter = Throughput("cpu")
+    for epoch in range(2):
+        s.sampler.set_epoch(epoch)
+        for batch in s.train_loader:
+            train_step(s, [batch], meter)
+    assert {rows for rows, _ in seen["graphs"]} == {48} and {w for _, w in seen["graphs"]} <= widths
+    assert {rows for rows, _ in seen["eager"]} == {800 % 48}
+
+    s.oom.halvings = 1  # what recovery leaves after an out-of-memory error: 24-row chunks
+    assert s.forward_for(24) is s.forward and s.forward_for(7) is s.eager and s.forward_for(1) is s.eager
+    plain = dataclasses.replace(s, cuda_graphs=False)  # default mode: one dynamic graph takes any row count but 1
+    assert plain.forward_for(32) is plain.forward and plain.forward_for(1) is plain.eager
