@@ -272,6 +272,39 @@ def test_vs_trainer_runs_the_headline_first_and_both_orders_then_the_compiled_tr
                   for r in done], "mixes": got})
 
 
+def test_the_ablation_measures_cuda_graphs_against_default_mode_on_the_same_bucketed_widths(tmp_path, monkeypatch):
+    """The H200 run of 2026-11-26 turned the Hopper profiles back to compile mode default: the ablation's first grid
+    measures reduce-overhead against it, both cells compiled over the same 8 widths of bucketed dynamic padding on an
+    H200, so the mode is all that differs, with the base's compile=off and warm-up replaced, not doubled."""
+    from transformers import BertForSequenceClassification
+
+    from benchmarks.gpu.registry import Context
+    from benchmarks.gpu.sections import ablation
+    from maxout import loading
+    from maxout.insight import grid as grid_mod
+    from maxout.optimizations import compile as compile_opt, named
+    from maxout.train.setup import plan_decisions
+
+    from .conftest import fake_cuda
+
+    monkeypatch.setattr(workloads, "long_mix", lambda folder, rows: [])  # another grid's rows: not this test's
+    monkeypatch.setattr(compile_opt, "has_triton", lambda: True)
+    ctx = Context("ablation", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
+    _, spec, extra, _, steps = ablation.grids(ctx, cuda=True)[0]
+    assert spec == "compile_mode=default,reduce-overhead" and steps == 100
+    overrides = ablation.merged(ablation.base_overrides(ctx), extra)
+    assert [o for o in overrides if o.startswith(("hardware.compile=", "train.warmup_steps_excluded="))] == [
+        "hardware.compile=true", "train.warmup_steps_excluded=40"]
+    h200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
+    base = loading.load(overrides, device=h200)
+    got = {}
+    for cell in grid_mod.cells(grid_mod.parse_grid(spec)):
+        decisions = plan_decisions(cell.apply(base), h200, BertForSequenceClassification)
+        got[cell.name] = tuple(named(decisions, n).effective for n in ("compile_mode", "pad_widths", "bucketing"))
+    assert got == {"compile_mode=default": ("default", 8, True),
+                   "compile_mode=reduce-overhead": ("reduce-overhead", 8, True)}
+
+
 def test_p8_is_packed_over_bucketed_within_each_order():
     from benchmarks.gpu.sections import packing
 
