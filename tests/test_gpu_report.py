@@ -21,7 +21,7 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from benchmarks import gpu_report
-from benchmarks.gpu import wheels, workloads
+from benchmarks.gpu import report, wheels, workloads
 from benchmarks.gpu.sections import PLANS, SECTIONS, gpu_tests, hpo, mfu, vs_trainer
 
 from .conftest import ROOT
@@ -140,12 +140,16 @@ def test_an_unknown_plan_is_a_one_line_error(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "gpu_report: error: unknown plan 'call9' (valid: quick)"
 
 
+def git_in(folder):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=folder, check=True,
+                       capture_output=True)
+    return git
+
+
 def test_the_commit_is_read_from_the_tree_itself_even_in_a_copy_inside_another_repository(tmp_path):
     """The device machine runs a copy with no .git of its own inside another repository: git would name that one."""
-    def git(*args, cwd=tmp_path):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
-                       capture_output=True)
-
+    git = git_in(tmp_path)
     git("init", "-q")
     (tmp_path / "f").write_text("x")
     git("add", "f")
@@ -153,12 +157,32 @@ def test_the_commit_is_read_from_the_tree_itself_even_in_a_copy_inside_another_r
     copy = tmp_path / "copy"
     (copy / ".gpu-wheels").mkdir(parents=True)
     assert gpu_report.commit(copy) == {"commit": None, "source": "the tree has no .git of its own and no "
-                                                                  ".gpu-wheels/COMMIT (make gpu-commit writes it)"}
+                                                                  ".gpu-wheels/COMMIT (make gpu-commit writes it)",
+                                       "git": None}
     (copy / ".gpu-wheels" / "COMMIT").write_text("abc1234-dirty\n")
-    assert gpu_report.commit(copy) == {"commit": "abc1234-dirty", "source": ".gpu-wheels/COMMIT"}
-    ours = gpu_report.commit(tmp_path)  # a tree that is its own repository: git answers
-    assert ours["source"] == "git" and ours["commit"].startswith(gpu_report._git(tmp_path, "rev-parse", "--short",
-                                                                                 "HEAD"))
+    assert gpu_report.commit(copy) == {"commit": "abc1234-dirty", "source": ".gpu-wheels/COMMIT", "git": None}
+    ours = gpu_report.commit(tmp_path)  # a tree that is its own repository, with no COMMIT file: git answers
+    head = gpu_report._git(tmp_path, "rev-parse", "--short", "HEAD")
+    assert ours == {"commit": head, "source": "git", "git": head}
+
+
+def test_the_commit_file_wins_over_a_git_of_an_older_commit_that_sees_the_tree_as_changes(tmp_path):
+    """2026-11-26: the device's copy carried a .git of the last landed commit (ac83f3c) with the tree (c5cb8fe) as
+    uncommitted changes: git said "ac83f3c-dirty", the COMMIT file that `make gpu-wheels` wrote said c5cb8fe. The
+    report names the file's commit and keeps git's view beside it, in report.json and report.md."""
+    git = git_in(tmp_path)
+    git("init", "-q")
+    (tmp_path / "f").write_text("landed")
+    git("add", "f")
+    git("commit", "-q", "-m", "the last landed commit")
+    landed = gpu_report._git(tmp_path, "rev-parse", "--short", "HEAD")
+    (tmp_path / "f").write_text("the tree that travelled")
+    (tmp_path / ".gpu-wheels").mkdir()
+    (tmp_path / ".gpu-wheels" / "COMMIT").write_text("c5cb8fe\n")
+    found = gpu_report.commit(tmp_path)
+    assert found == {"commit": "c5cb8fe", "source": ".gpu-wheels/COMMIT", "git": f"{landed}-dirty"}
+    meta = {"commit": found["commit"], "commit_source": found["source"], "commit_git": found["git"]}
+    assert f"commit c5cb8fe (.gpu-wheels/COMMIT), git says {landed}-dirty" in report.markdown(meta, [], {}, [])
 
 
 def test_pytest_outcomes_per_test_from_its_junit_xml(tmp_path):
