@@ -329,6 +329,59 @@ def test_the_ablation_measures_cuda_graphs_against_default_mode_on_the_same_buck
                    "compile_mode=reduce-overhead": ("reduce-overhead", 8, True)}
 
 
+def test_a_cut_batch_finder_section_keeps_its_margin_line_and_a_rung_stops_at_its_first_oom():
+    """2026-11-26, call 2: the finder fitted 2701 rows, training ran at 2048 and 2701, and the section was cut at 50 s
+    while the 2837-row run went on at half the rows after its out-of-memory recovery, before the margin line. The
+    margin is now written after every rung, and a rung ends when recovery fires: that is its answer."""
+    import torch
+
+    from benchmarks.gpu.sections import memory
+    from maxout.train.oom import OOMRecovery
+
+    finder = {"micro_batch": 2048, "max_batch": 2701, "probes": [], "sequence_length": 128}
+    ladder = [{"rows": 2048, "oom": False, "peak_allocated_gb": 101.25, "note": ""},
+              {"rows": 2701, "oom": False, "peak_allocated_gb": 133.10, "note": ""}]
+    so_far = memory.margin(finder, ladder)
+    assert so_far == {"first_oom_over_micro_batch": None, "first_oom_over_max_batch": None, "no_oom_up_to": 2701}
+    cut = memory.markdown({"finder": finder, "ladder": ladder, "first_real_oom": None, "margin": so_far})
+    assert ("**None**; margin over the micro-batch –×, over the finder's largest batch –× (no OOM up to 2701 rows)."
+            in cut)
+
+    tracker = memory.stop_at_first_oom()
+    recovery = OOMRecovery()
+    recovery.attach(tracker)
+    batch = {"labels": torch.zeros(2837, dtype=torch.long), "input_ids": torch.zeros(2837, 128, dtype=torch.long)}
+    with pytest.raises(memory.RanOutOfMemory, match="2837 -> 1419 rows per forward pass"):
+        recovery.halve("CUDA out of memory", [batch], step=1, device_type="cpu")
+    assert tracker.metrics["train/oom_events"] == [(1, 1.0)] and "2837 -> 1419" in tracker.tags["maxout.oom_recovery"]
+    ladder.append({"rows": 2837, "oom": True, "peak_allocated_gb": None, "note": tracker.tags["maxout.oom_recovery"]})
+    assert memory.margin(finder, ladder) == pytest.approx({"first_oom_over_micro_batch": 2837 / 2048,
+                                                           "first_oom_over_max_batch": 2837 / 2701,
+                                                           "no_oom_up_to": None})
+
+
+def test_a_cut_tracking_section_keeps_the_summary_of_its_whole_repetitions():
+    """2026-11-26, call 2: tracking was cut at 40 s after both repetitions but before its summary (the logging-path
+    measure came last). The summary is now recorded after every run, from the repetitions that are whole."""
+    from benchmarks import tracking_overhead
+    from benchmarks.gpu.sections import tracking
+
+    def run(samples_s):
+        return {"samples_s": samples_s, "main_cpu_s": 1.5, "background_cpu_s": 0.6, "server_cpu_s": 0.4, "wall_s": 3.0}
+
+    rows = [{"none": run(3482.37), "mlflow": run(3345.83)}, {"mlflow": run(3439.35), "none": run(3641.35)}]
+    summary = tracking_overhead.summarize(rows, ["none", "mlflow"])
+    assert summary["mlflow"]["ratios"] == pytest.approx([3345.83 / 3482.37, 3439.35 / 3641.35])
+    assert tracking_overhead.summarize([], ["none", "mlflow"]) == {}
+    partial = [*rows, {"none": run(3500.0)}]  # cut during the third repetition
+    md = tracking.markdown({"utilization": {"mean": 10.65, "max": 24.0, "steps": 60, "model": "minilm"},
+                            "overhead": {"model": "minilm", "steps": 60, "reps": 3, "store": "sqlite",
+                                         "summary": summary, "rows": partial, "logging_path_ms": None}})
+    assert "2 of 3 repetitions; logging path not measured" in md
+    assert "| mlflow | 3392.6 | 0.953 (0.961, 0.945) |" in md
+    assert "Runs in order (samples/s): none 3482.4, mlflow 3345.8, mlflow 3439.3, none 3641.3, none 3500.0." in md
+
+
 def test_p8_is_packed_over_bucketed_within_each_order():
     from benchmarks.gpu.sections import packing
 
