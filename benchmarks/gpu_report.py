@@ -10,8 +10,11 @@ command runs for at most 10 minutes. So the report is two planned calls (``--pla
 - call1 (at most 8 minutes): the headline. maxout vs the Trainer's best flags at batch 64 on both mixes in both
   orders, the MFU of BERT-base at <= 128 tokens at a given micro-batch with one torch.profiler profile, and packed vs
   bucketed batches (target P8) with what is left.
-- call2 (at most 5 minutes): every ``pytest -m gpu`` test, the batch finder against real memory, tracking overhead and
-  NVML utilization, the hpo workers with what is left.
+- call2 (at most 5 minutes): every ``pytest -m gpu`` test, the batch finder against real memory, then tracking overhead
+  and NVML utilization with what is left.
+
+The hpo workers, the ablation, the audit and BERT-large's MFU fit neither call: each needs a loan of its own
+(``--sections hpo``).
 
 benchmarks/README.md has both commands verbatim (the carried wheels installed first). Each section runs in its own
 process with a time limit; one that is not worth starting in the time left is skipped with the reason, and the report
@@ -309,7 +312,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "gpu"), help="where the report goes")
     p.add_argument("--plan", default=None, help="a planned device call: call1 (the headline, 8 minutes) or call2 "
-                                               "(the GPU tests, the finder, tracking, hpo: 5 minutes)")
+                                               "(the GPU tests, the finder, tracking: 5 minutes)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="seconds for the whole report (default: the plan's, else 540)")
     p.add_argument("--sections", default=None, help="a comma-separated subset of the sections (registry order)")
