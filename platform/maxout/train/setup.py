@@ -74,7 +74,8 @@ class Setup:
         Under CUDA graphs every other row count but the full chunk's (an epoch's partial last batch, the last,
         shorter chunk of out-of-memory recovery) runs eager too: cudagraph trees record a graph per distinct
         (rows, width), so the partial batch would add a recording each epoch at whatever width it lands on, beyond
-        the pad widths the run was given. It is one batch an epoch; a recording costs more than its eager step."""
+        the pad widths the run was given, each kept in the tree for the rest of the run. One eager batch an epoch
+        costs little beside that."""
         if self.eager is None or self.packed:
             return self.forward
         if rows == 1 or (self.cuda_graphs and rows != self.oom.rows_per_forward(self.micro_batch)):
