@@ -180,7 +180,8 @@ gpu-wheels: install gpu-commit
 	$(BIN)/python benchmarks/gpu/wheels.py check --dest $(GPU_WHEELS)
 
 ## gpu-commit: the tree's commit (-dirty with uncommitted changes to tracked files) in $(GPU_WHEELS)/COMMIT, which
-##   travels with the wheels: the device machine's copy of the tree has no .git of its own (run it after a commit)
+##   travels with the wheels; the GPU report names it before git, whose view on the device machine's copy of the tree
+##   is another commit's (run it after a commit)
 gpu-commit:
 	@mkdir -p $(GPU_WHEELS); c=$$(git rev-parse --short HEAD) || exit 1; git diff --quiet HEAD -- || c=$$c-dirty; \
 	echo $$c > $(GPU_WHEELS)/COMMIT; echo "maxout: $(GPU_WHEELS)/COMMIT: $$c"

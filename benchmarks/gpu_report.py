@@ -10,8 +10,11 @@ command runs for at most 10 minutes. So the report is two planned calls (``--pla
 - call1 (at most 8 minutes): the headline. maxout vs the Trainer's best flags at batch 64 on both mixes in both
   orders, the MFU of BERT-base at <= 128 tokens at a given micro-batch with one torch.profiler profile, and packed vs
   bucketed batches (target P8) with what is left.
-- call2 (at most 5 minutes): every ``pytest -m gpu`` test, the batch finder against real memory, tracking overhead and
-  NVML utilization, the hpo workers with what is left.
+- call2 (at most 5 minutes): every ``pytest -m gpu`` test, the batch finder against real memory, then tracking overhead
+  and NVML utilization with what is left.
+
+The hpo workers, the ablation, the audit and BERT-large's MFU fit neither call: each needs a loan of its own
+(``--sections hpo``).
 
 benchmarks/README.md has both commands verbatim (the carried wheels installed first). Each section runs in its own
 process with a time limit; one that is not worth starting in the time left is skipped with the reason, and the report
@@ -53,8 +56,8 @@ REGISTRY = "benchmarks.gpu.sections:SECTIONS"
 RESERVE_S = 10.0  # kept back from the budget for the last report write and the charts
 LOG_TAIL = 25
 POLL_S = 2.0  # how often a running section's records are merged into the report
-# The commit of the tree, for a copy that has no .git of its own: `make gpu-commit` (part of `make gpu-wheels`) writes
-# it into the wheels folder, which travels with every device call (`carry`).
+# The commit of the tree: `make gpu-commit` (part of `make gpu-wheels`) writes it into the wheels folder, which travels
+# with every device call (`carry`); the report prefers it to git (commit()).
 COMMIT_FILES = (".gpu-wheels/COMMIT",)
 
 
@@ -112,21 +115,35 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def commit(root: Path = ROOT) -> dict:
-    """The commit of the tree this report runs from, and where it was read. git answers only where the tree is the top
-    of its own repository: a copy with no .git of its own (the device machine's) sits inside another repository, whose
-    HEAD is not this tree's (the first GPU report named that one). Else the COMMIT file that travelled with the tree."""
-    top = _git(root, "rev-parse", "--show-toplevel")
-    if top and Path(top).resolve() == root.resolve():
-        head = _git(root, "rev-parse", "--short", "HEAD")
-        if head:
-            changed = _git(root, "status", "--porcelain", "--untracked-files=no")
-            return {"commit": head + ("-dirty" if changed else ""), "source": "git"}
+    """The commit of the tree this report runs from, where it was read, and what git says beside it.
+
+    The COMMIT file first: `make gpu-wheels` writes it from the working tree just before the tree travels, and git on
+    the device cannot be trusted. A copy with no .git of its own sits inside another repository, whose HEAD is not
+    this tree's (the first GPU report named that one); and on 2026-11-26 the copy carried a .git of the last landed
+    commit with this tree as uncommitted changes, so git said "ac83f3c-dirty" where the file said c5cb8fe. git answers
+    only where there is no file and the tree is the top of its own repository; its view is kept beside the file's
+    (``git``: None where it is not the tree's own repository), so a reader sees when the two disagree."""
+    seen = _git_view(root)
     for name in COMMIT_FILES:
         words = (root / name).read_text().split() if (root / name).is_file() else []
         if words:
-            return {"commit": words[0], "source": name}
+            return {"commit": words[0], "source": name, "git": seen}
+    if seen:
+        return {"commit": seen, "source": "git", "git": seen}
     return {"commit": None, "source": f"the tree has no .git of its own and no {' or '.join(COMMIT_FILES)} "
-                                      f"(make gpu-commit writes it)"}
+                                      f"(make gpu-commit writes it)", "git": None}
+
+
+def _git_view(root: Path) -> str | None:
+    """HEAD (-dirty with uncommitted changes to tracked files) where ``root`` is the top of its own repository."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != root.resolve():
+        return None
+    head = _git(root, "rev-parse", "--short", "HEAD")
+    if not head:
+        return None
+    changed = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return head + ("-dirty" if changed else "")
 
 
 class Runner:
@@ -148,7 +165,7 @@ class Runner:
         self.meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                      "device": device_name() if self.cuda else None,
                      "cuda": self.cuda, "scale": self.scale, "budget_s": args.budget_s, "plan": args.plan,
-                     "commit": found["commit"], "commit_source": found["source"],
+                     "commit": found["commit"], "commit_source": found["source"], "commit_git": found["git"],
                      "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.gpu_report", *sys.argv[1:]]),
                      "python": sys.version.split()[0], "compile_threads": compile_threads(), "elapsed_s": 0.0}
 
@@ -295,7 +312,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "gpu"), help="where the report goes")
     p.add_argument("--plan", default=None, help="a planned device call: call1 (the headline, 8 minutes) or call2 "
-                                               "(the GPU tests, the finder, tracking, hpo: 5 minutes)")
+                                               "(the GPU tests, the finder, tracking: 5 minutes)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="seconds for the whole report (default: the plan's, else 540)")
     p.add_argument("--sections", default=None, help="a comma-separated subset of the sections (registry order)")

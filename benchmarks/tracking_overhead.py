@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from maxout.train import Callback
 
@@ -97,7 +97,10 @@ def tracking_store(store: str, tmp: str) -> Iterator[list[str]]:
 
 
 def measure(overrides: list[str], reps: int, steps: int, modes: list[str], interval: float,
-            store: str = "server") -> dict:
+            store: str = "server", on_run: Callable[[dict], None] | None = None) -> dict:
+    """``on_run``: called after each run with what measure() would return if it stopped there (every run so far in
+    ``rows``, the summary of the whole repetitions among them, ``logging_path_ms`` None until the end), so a caller
+    killed at a time limit keeps each figure."""
     from maxout import data, hardware, loading
     from maxout.train import train
 
@@ -106,6 +109,11 @@ def measure(overrides: list[str], reps: int, steps: int, modes: list[str], inter
     null_cfg = loading.load([*common, "tracking=none"], device=device)
     dataset = data.load(null_cfg.data)
     rows: list[dict] = []
+
+    def figures(path_ms: float | None, partial: dict | None = None) -> dict:
+        return {"device": device.name, "kind": device.kind, "store": store, "summary": summarize(rows, modes),
+                "rows": rows + ([partial] if partial else []), "logging_path_ms": path_ms}
+
     with tempfile.TemporaryDirectory(prefix="maxout-overhead-") as tmp:
         with tracking_store(store, tmp) as where:
             server = [*common, *where, "tracking.log_model=false", "tracking.experiment_name=tracking-overhead"]
@@ -127,8 +135,19 @@ def measure(overrides: list[str], reps: int, steps: int, modes: list[str], inter
                     print(f"rep {rep + 1}/{reps} {mode:16s}: {row[mode]['samples_s']:8.2f} samples/s (steady); CPU s: "
                           f"main thread {main:.1f}, other threads {background:.1f}, server {server:.1f}; run "
                           f"{row[mode]['wall_s']:.0f} s", file=sys.stderr)
-                rows.append(row)
+                    whole = len(row) == len(modes)  # a repetition's row, once every mode has run
+                    if whole:
+                        rows.append(row)
+                    if on_run is not None:
+                        on_run(figures(None, partial=None if whole else row))
             path_ms = logging_path_ms(configs["mlflow-no-system"])
+    return figures(path_ms)
+
+
+def summarize(rows: list[dict], modes: list[str]) -> dict:
+    """Per mode, the medians over the repetitions in ``rows`` (each a mode -> figures dict); ratios vs ``none``."""
+    if not rows:
+        return {}
     summary = {}
     for mode in modes:
         ratios = [r[mode]["samples_s"] / r["none"]["samples_s"] for r in rows] if "none" in modes else []
@@ -139,8 +158,7 @@ def measure(overrides: list[str], reps: int, steps: int, modes: list[str], inter
                          "main_cpu_s": statistics.median(r[mode]["main_cpu_s"] for r in rows),
                          "background_cpu_s": statistics.median(r[mode]["background_cpu_s"] for r in rows),
                          "wall_s": statistics.median(r[mode]["wall_s"] for r in rows)}
-    return {"device": device.name, "kind": device.kind, "store": store, "rows": rows, "summary": summary,
-            "logging_path_ms": path_ms}
+    return summary
 
 
 def null_batch(overrides: list[str]) -> int:

@@ -21,8 +21,8 @@ import pytest
 from packaging.utils import canonicalize_name
 
 from benchmarks import gpu_report
-from benchmarks.gpu import wheels, workloads
-from benchmarks.gpu.sections import PLANS, SECTIONS, gpu_tests, hpo, mfu, vs_trainer
+from benchmarks.gpu import report, wheels, workloads
+from benchmarks.gpu.sections import EXPECTED_S, PLANS, SECTIONS, gpu_tests, hpo, mfu, vs_trainer
 
 from .conftest import ROOT
 
@@ -120,8 +120,22 @@ def test_the_two_calls_fit_the_15_minutes_a_gpu_machine_is_lent():
         assert plan.sections == sorted(plan.sections, key=order.index)  # registry order: how they run
         fixed = [v for v in plan.limits.values() if v is not None]
         assert sum(fixed) + gpu_report.RESERVE_S < plan.budget_s and list(plan.limits.values())[-1] is None
-    assert plans["call1"].sections[:3] == ["environment", "vs_trainer", "mfu"]  # the headline first
-    assert {"gpu_tests", "batch_finder", "tracking", "hpo"} == set(plans["call2"].sections)
+    assert plans["call1"].sections == ["environment", "vs_trainer", "mfu", "packing"]  # the headline first, then P8
+    assert plans["call2"].sections == ["gpu_tests", "batch_finder", "tracking"]  # hpo needs a loan of its own
+
+
+def test_each_planned_section_has_the_seconds_the_h200_measured():
+    """Each fixed limit holds what its section took on the H200 (2026-11-26) or is expected to take now, with room;
+    the expected sections fit their call; the last one gets at least its minimum even when every fixed one runs to
+    its limit. (Call 2 of 2026-11-26 cut batch_finder at 50 s and tracking at 40 s, each before its summary.)"""
+    by_name = {s.name: s for s in SECTIONS}
+    for plan in PLANS:
+        *fixed, last = plan.sections
+        for name in fixed:
+            assert plan.limits[name] >= EXPECTED_S[name] + 5, name
+        assert sum(EXPECTED_S[n] for n in plan.sections) + gpu_report.RESERVE_S <= plan.budget_s, plan.name
+        worst = plan.budget_s - gpu_report.RESERVE_S - sum(plan.limits[n] for n in fixed)
+        assert worst >= by_name[last].min_s["full"], plan.name
 
 
 def test_a_plan_picks_its_sections_budget_and_limits(tmp_path):
@@ -140,12 +154,16 @@ def test_an_unknown_plan_is_a_one_line_error(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "gpu_report: error: unknown plan 'call9' (valid: quick)"
 
 
+def git_in(folder):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=folder, check=True,
+                       capture_output=True)
+    return git
+
+
 def test_the_commit_is_read_from_the_tree_itself_even_in_a_copy_inside_another_repository(tmp_path):
     """The device machine runs a copy with no .git of its own inside another repository: git would name that one."""
-    def git(*args, cwd=tmp_path):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
-                       capture_output=True)
-
+    git = git_in(tmp_path)
     git("init", "-q")
     (tmp_path / "f").write_text("x")
     git("add", "f")
@@ -153,12 +171,32 @@ def test_the_commit_is_read_from_the_tree_itself_even_in_a_copy_inside_another_r
     copy = tmp_path / "copy"
     (copy / ".gpu-wheels").mkdir(parents=True)
     assert gpu_report.commit(copy) == {"commit": None, "source": "the tree has no .git of its own and no "
-                                                                  ".gpu-wheels/COMMIT (make gpu-commit writes it)"}
+                                                                  ".gpu-wheels/COMMIT (make gpu-commit writes it)",
+                                       "git": None}
     (copy / ".gpu-wheels" / "COMMIT").write_text("abc1234-dirty\n")
-    assert gpu_report.commit(copy) == {"commit": "abc1234-dirty", "source": ".gpu-wheels/COMMIT"}
-    ours = gpu_report.commit(tmp_path)  # a tree that is its own repository: git answers
-    assert ours["source"] == "git" and ours["commit"].startswith(gpu_report._git(tmp_path, "rev-parse", "--short",
-                                                                                 "HEAD"))
+    assert gpu_report.commit(copy) == {"commit": "abc1234-dirty", "source": ".gpu-wheels/COMMIT", "git": None}
+    ours = gpu_report.commit(tmp_path)  # a tree that is its own repository, with no COMMIT file: git answers
+    head = gpu_report._git(tmp_path, "rev-parse", "--short", "HEAD")
+    assert ours == {"commit": head, "source": "git", "git": head}
+
+
+def test_the_commit_file_wins_over_a_git_of_an_older_commit_that_sees_the_tree_as_changes(tmp_path):
+    """2026-11-26: the device's copy carried a .git of the last landed commit (ac83f3c) with the tree (c5cb8fe) as
+    uncommitted changes: git said "ac83f3c-dirty", the COMMIT file that `make gpu-wheels` wrote said c5cb8fe. The
+    report names the file's commit and keeps git's view beside it, in report.json and report.md."""
+    git = git_in(tmp_path)
+    git("init", "-q")
+    (tmp_path / "f").write_text("landed")
+    git("add", "f")
+    git("commit", "-q", "-m", "the last landed commit")
+    landed = gpu_report._git(tmp_path, "rev-parse", "--short", "HEAD")
+    (tmp_path / "f").write_text("the tree that travelled")
+    (tmp_path / ".gpu-wheels").mkdir()
+    (tmp_path / ".gpu-wheels" / "COMMIT").write_text("c5cb8fe\n")
+    found = gpu_report.commit(tmp_path)
+    assert found == {"commit": "c5cb8fe", "source": ".gpu-wheels/COMMIT", "git": f"{landed}-dirty"}
+    meta = {"commit": found["commit"], "commit_source": found["source"], "commit_git": found["git"]}
+    assert f"commit c5cb8fe (.gpu-wheels/COMMIT), git says {landed}-dirty" in report.markdown(meta, [], {}, [])
 
 
 def test_pytest_outcomes_per_test_from_its_junit_xml(tmp_path):
@@ -270,6 +308,92 @@ def test_vs_trainer_runs_the_headline_first_and_both_orders_then_the_compiled_tr
     assert "| demo | **2.44×** | maxout first 2.00×, maxout last 3.00× | – |" in vs_trainer.markdown(
         {"runs": [{**r, "tokens_per_s": None, "peak_memory_gb": None, "compile_s": None, "seconds": 1.0, "batch": 64}
                   for r in done], "mixes": got})
+
+
+def test_the_ablation_measures_cuda_graphs_against_default_mode_on_the_same_bucketed_widths(tmp_path, monkeypatch):
+    """The H200 run of 2026-11-26 turned the Hopper profiles back to compile mode default: the ablation's first grid
+    measures reduce-overhead against it, both cells compiled over the same 8 widths of bucketed dynamic padding on an
+    H200, so the mode is all that differs, with the base's compile=off and warm-up replaced, not doubled."""
+    from transformers import BertForSequenceClassification
+
+    from benchmarks.gpu.registry import Context
+    from benchmarks.gpu.sections import ablation
+    from maxout import loading
+    from maxout.insight import grid as grid_mod
+    from maxout.optimizations import compile as compile_opt, named
+    from maxout.train.setup import plan_decisions
+
+    from .conftest import fake_cuda
+
+    monkeypatch.setattr(workloads, "long_mix", lambda folder, rows: [])  # another grid's rows: not this test's
+    monkeypatch.setattr(compile_opt, "has_triton", lambda: True)
+    ctx = Context("ablation", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
+    _, spec, extra, _, steps = ablation.grids(ctx, cuda=True)[0]
+    assert spec == "compile_mode=default,reduce-overhead" and steps == 100
+    overrides = ablation.merged(ablation.base_overrides(ctx), extra)
+    assert [o for o in overrides if o.startswith(("hardware.compile=", "train.warmup_steps_excluded="))] == [
+        "hardware.compile=true", "train.warmup_steps_excluded=40"]
+    h200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
+    base = loading.load(overrides, device=h200)
+    got = {}
+    for cell in grid_mod.cells(grid_mod.parse_grid(spec)):
+        decisions = plan_decisions(cell.apply(base), h200, BertForSequenceClassification)
+        got[cell.name] = tuple(named(decisions, n).effective for n in ("compile_mode", "pad_widths", "bucketing"))
+    assert got == {"compile_mode=default": ("default", 8, True),
+                   "compile_mode=reduce-overhead": ("reduce-overhead", 8, True)}
+
+
+def test_a_cut_batch_finder_section_keeps_its_margin_line_and_a_rung_stops_at_its_first_oom():
+    """2026-11-26, call 2: the finder fitted 2701 rows, training ran at 2048 and 2701, and the section was cut at 50 s
+    while the 2837-row run went on at half the rows after its out-of-memory recovery, before the margin line. The
+    margin is now written after every rung, and a rung ends when recovery fires: that is its answer."""
+    import torch
+
+    from benchmarks.gpu.sections import memory
+    from maxout.train.oom import OOMRecovery
+
+    finder = {"micro_batch": 2048, "max_batch": 2701, "probes": [], "sequence_length": 128}
+    ladder = [{"rows": 2048, "oom": False, "peak_allocated_gb": 101.25, "note": ""},
+              {"rows": 2701, "oom": False, "peak_allocated_gb": 133.10, "note": ""}]
+    so_far = memory.margin(finder, ladder)
+    assert so_far == {"first_oom_over_micro_batch": None, "first_oom_over_max_batch": None, "no_oom_up_to": 2701}
+    cut = memory.markdown({"finder": finder, "ladder": ladder, "first_real_oom": None, "margin": so_far})
+    assert ("**None**; margin over the micro-batch –×, over the finder's largest batch –× (no OOM up to 2701 rows)."
+            in cut)
+
+    tracker = memory.stop_at_first_oom()
+    recovery = OOMRecovery()
+    recovery.attach(tracker)
+    batch = {"labels": torch.zeros(2837, dtype=torch.long), "input_ids": torch.zeros(2837, 128, dtype=torch.long)}
+    with pytest.raises(memory.RanOutOfMemory, match="2837 -> 1419 rows per forward pass"):
+        recovery.halve("CUDA out of memory", [batch], step=1, device_type="cpu")
+    assert tracker.metrics["train/oom_events"] == [(1, 1.0)] and "2837 -> 1419" in tracker.tags["maxout.oom_recovery"]
+    ladder.append({"rows": 2837, "oom": True, "peak_allocated_gb": None, "note": tracker.tags["maxout.oom_recovery"]})
+    assert memory.margin(finder, ladder) == pytest.approx({"first_oom_over_micro_batch": 2837 / 2048,
+                                                           "first_oom_over_max_batch": 2837 / 2701,
+                                                           "no_oom_up_to": None})
+
+
+def test_a_cut_tracking_section_keeps_the_summary_of_its_whole_repetitions():
+    """2026-11-26, call 2: tracking was cut at 40 s after both repetitions but before its summary (the logging-path
+    measure came last). The summary is now recorded after every run, from the repetitions that are whole."""
+    from benchmarks import tracking_overhead
+    from benchmarks.gpu.sections import tracking
+
+    def run(samples_s):
+        return {"samples_s": samples_s, "main_cpu_s": 1.5, "background_cpu_s": 0.6, "server_cpu_s": 0.4, "wall_s": 3.0}
+
+    rows = [{"none": run(3482.37), "mlflow": run(3345.83)}, {"mlflow": run(3439.35), "none": run(3641.35)}]
+    summary = tracking_overhead.summarize(rows, ["none", "mlflow"])
+    assert summary["mlflow"]["ratios"] == pytest.approx([3345.83 / 3482.37, 3439.35 / 3641.35])
+    assert tracking_overhead.summarize([], ["none", "mlflow"]) == {}
+    partial = [*rows, {"none": run(3500.0)}]  # cut during the third repetition
+    md = tracking.markdown({"utilization": {"mean": 10.65, "max": 24.0, "steps": 60, "model": "minilm"},
+                            "overhead": {"model": "minilm", "steps": 60, "reps": 3, "store": "sqlite",
+                                         "summary": summary, "rows": partial, "logging_path_ms": None}})
+    assert "2 of 3 repetitions; logging path not measured" in md
+    assert "| mlflow | 3392.6 | 0.953 (0.961, 0.945) |" in md
+    assert "Runs in order (samples/s): none 3482.4, mlflow 3345.8, mlflow 3439.3, none 3641.3, none 3500.0." in md
 
 
 def test_p8_is_packed_over_bucketed_within_each_order():

@@ -55,6 +55,7 @@ def markdown(meta: dict, entries: list[dict], sections: dict, charts: list[str])
              + (f", plan {meta['plan']}" if meta.get("plan") else "")
              + f", budget {meta.get('budget_s')} s, {meta.get('elapsed_s', 0):.0f} s so far; commit "
              f"{meta.get('commit') or 'unknown'}" + (f" ({meta['commit_source']})" if meta.get("commit_source") else "")
+             + (f", git says {meta['commit_git']}" if meta.get("commit_git") not in (None, meta.get("commit")) else "")
              + (f"; TORCHINDUCTOR_COMPILE_THREADS={meta['compile_threads']}" if meta.get("compile_threads") else "")
              + ".", "",
              "| section | status | seconds | note |", "|---|---|---|---|"]

@@ -35,10 +35,14 @@ def run(ctx: Context) -> None:
         ctx.record("utilization", {"skipped": "no CUDA device: NVML has no GPU to sample"})
     # Three repetitions (orders alternate) where the section has the time, two (both orders) in a short call
     reps = 3 if ctx.full and ctx.left() > 100 else 2
-    out = tracking_overhead.measure(base, reps=reps, steps=steps, modes=["none", "mlflow"],
-                                    interval=2.0 if ctx.full else 0.5, store="sqlite")
-    ctx.record("overhead", {"model": arch, "steps": steps, "reps": reps, "store": out["store"], "summary": out["summary"],
-                            "rows": out["rows"], "logging_path_ms": out["logging_path_ms"]})
+
+    def record(out: dict) -> None:  # after every run: a section cut at its limit keeps the summary so far
+        ctx.record("overhead", {"model": arch, "steps": steps, "reps": reps, "store": out["store"],
+                                "summary": out["summary"], "rows": out["rows"],
+                                "logging_path_ms": out["logging_path_ms"]})
+
+    record(tracking_overhead.measure(base, reps=reps, steps=steps, modes=["none", "mlflow"],
+                                     interval=2.0 if ctx.full else 0.5, store="sqlite", on_run=record))
 
 
 def markdown(results: dict) -> str:
@@ -47,12 +51,19 @@ def markdown(results: dict) -> str:
              else f"GPU utilization (NVML, every 100 ms, inside the training window of {u.get('steps')} steps of "
                   f"random {u.get('model')}): mean {u.get('mean')}, max {u.get('max')}."]
     if o:
+        path = o.get("logging_path_ms")
+        whole = len(o["summary"].get("none", {}).get("ratios", []))
         lines += ["", f"Tracking overhead ({o['store']} store, {o['model']}, {o['steps']} steps per run, a metrics "
-                      f"batch every step; logging path {o['logging_path_ms']:.3f} ms of main-thread CPU per step):", "",
-                  "| tracker | median samples/s | ratio vs null (per repetition, orders alternate) |", "|---|---|---|"]
+                      f"batch every step; {whole} of {o['reps']} repetitions; logging path "
+                      + (f"{path:.3f} ms of main-thread CPU per step" if path is not None else "not measured") + "):",
+                  "", "| tracker | median samples/s | ratio vs null (per repetition, orders alternate) |",
+                  "|---|---|---|"]
         for mode, s in o["summary"].items():
             ratios = ", ".join(f"{r:.3f}" for r in s["ratios"])
-            lines.append(f"| {mode} | {s['median_samples_s']:.1f} | {s['median_ratio']:.3f} ({ratios}) |")
+            ratio = "–" if s["median_ratio"] is None else f"{s['median_ratio']:.3f}"
+            lines.append(f"| {mode} | {s['median_samples_s']:.1f} | {ratio} ({ratios}) |")
+        runs = [f"{mode} {r[mode]['samples_s']:.1f}" for r in o.get("rows", []) for mode in r]
+        lines += ["", f"Runs in order (samples/s): {', '.join(runs) or '–'}."]
     return "\n".join(lines)
 
 

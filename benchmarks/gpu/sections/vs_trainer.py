@@ -13,6 +13,12 @@ same contender's last run took, less most of its compile (maxout's first run pay
 caches). The
 compiled Trainer (``torch_compile=True``, a compile of its own per mix) comes last, only with time left, and the
 report says when it was left out.
+
+maxout's runs share this process's compiled code: dynamo keeps it on the model class's forward, with the weights as
+inputs, so only the first run compiles (the later ones log compile 0 s). Under CUDA graphs the graphs recorded for
+one mix stay in the same tree when the next mix records its own widths: that is why the H200 run of 2026-11-26
+warned of 9 recorded sizes (inductor warns once, past 8) with 8 widths per mix. A single ``maxout train`` run
+records only its own widths.
 """
 
 from __future__ import annotations
