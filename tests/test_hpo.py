@@ -113,6 +113,42 @@ def evaluations(uri, run_id):
     return sorted({m.step for m in history(uri, run_id, "eval/macro_f1")})
 
 
+class CtrlCAt(Callback):
+    """The terminal's Ctrl-C (SIGINT to this process) at step ``step`` of the first trial. What runs right after the
+    kill tells whether the signal raised there (the old way, where a KeyboardInterrupt can land in a weakref callback
+    and be dropped) or was recorded for the next safe point."""
+
+    def __init__(self, step: int = 2):
+        self.step, self.sent, self.ran_on = step, False, False
+
+    def on_step_end(self, state):
+        if state.step == self.step and not self.sent:
+            import os
+            import signal
+
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+            self.ran_on = True  # not reached if the handler raised inside this callback
+
+
+def test_ctrl_c_stops_a_one_worker_study_at_a_safe_point_and_leaves_nothing_running(mlflow_store, small_data):
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    ctrl_c = CtrlCAt()
+    with pytest.raises(KeyboardInterrupt):
+        hpo_study.run([*BASE, *small_data, *store_overrides(mlflow_store), "train.epochs=2", "hpo.n_trials=5",
+                       "hpo.pruner.name=none", "hpo.study_name=ctrl-c"], callbacks=[ctrl_c])
+    assert ctrl_c.sent and ctrl_c.ran_on  # recorded, raised at the next safe point
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
+    runs = runs_in(mlflow_store["uri"])
+    assert [r.info.status for r in runs if r.info.status == "RUNNING"] == []
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    trials = children_of(runs, parent.info.run_id)
+    assert parent.info.status == "KILLED" and len(trials) == 1  # no trial started after the Ctrl-C
+    assert trials[0].info.status == "KILLED" and trials[0].data.tags["maxout.hpo.state"] == "FAIL"
+
+
 @pytest.mark.slow
 def test_four_trial_study_is_one_parent_with_nested_trials_pruned_and_oom(mlflow_store, small_data):
     # trial 0: bracket 0 (pruned at epoch 1); trial 2: out of memory (pruned, the study goes on);

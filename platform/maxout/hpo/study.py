@@ -259,7 +259,15 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
               + (f": {'; '.join(slot.describe() for slot in slots)}" if slots else ""), file=sys.stderr)
         try:
             if workers == 1:
-                optimize(study, objective(parent.run_id), hpo)
+                # Ctrl-C and SIGTERM at a safe point here too: a KeyboardInterrupt raised wherever the signal lands
+                # can be dropped by Python inside a weakref callback, and the study trained on until SIGKILL (the
+                # GPU report's smoke, one worker, under load: issue 36).
+                stop = supervisor.StopRequested().install()
+                try:
+                    optimize(study, objective(parent.run_id), hpo, after_trial=[stop.after_trial])
+                    stop.check()  # asked between trials, or after the last: the study ends as stopped, not done
+                finally:
+                    stop.uninstall()
             else:
                 supervisor.supervise(study, slots, overrides, parent.run_id, cfg, until(hpo))
         finally:  # the summary also lands on a study that stopped on a failed trial

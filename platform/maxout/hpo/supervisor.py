@@ -70,7 +70,8 @@ def watch_supervisor() -> None:
 
 
 class StopRequested(Callback):
-    """A worker stops at a safe point, not wherever the signal lands. Raised from a signal handler, the
+    """A study stops at a safe point, not wherever the signal lands (a worker, and a one-worker study in its own
+    process alike). Raised from a signal handler, the
     KeyboardInterrupt may land inside a SQLite commit (the tracking store's lock stays held, and both workers block
     on it: "database is locked") or in a weakref callback, where Python prints and drops it ("Exception ignored
     in ...") and the worker trains on; the GPU report's smoke runs saw both, and the supervisor had to SIGKILL.
@@ -108,9 +109,14 @@ class StopRequested(Callback):
             self.signal = self.signal or number
             self.asked.set()
 
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, on_signal)
+        self._previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
         return self
+
+    def uninstall(self) -> None:
+        """The handlers from before install() (a study run inside another program, a test, leaves them as found)."""
+        for signum, handler in getattr(self, "_previous", {}).items():
+            signal.signal(signum, handler)
+        self._previous = {}
 
 
 def worker_overrides(overrides: Sequence[str], timeout_s: Optional[float]) -> list[str]:
