@@ -72,29 +72,79 @@ def _ensure_user() -> pwd.struct_passwd:
         return pwd.getpwnam(USER)
 
 
-def _start_daemon(storage_driver: Optional[str]) -> tuple[subprocess.Popen, str]:
+def _start_daemon(storage_driver: Optional[str], root: Optional[Path] = None) -> tuple[subprocess.Popen, str]:
+    """dockerd with its data root, exec root, pid file and socket under ``root`` (ENGINE_DIR), once it answers.
+    An engine an earlier session left running there is stopped first (_stop_leftover), and only this process's
+    own dockerd counts as started: the pid file must name it."""
+    root = root or ENGINE_DIR
     for sub in ("data", "exec"):
-        (ENGINE_DIR / sub).mkdir(parents=True, exist_ok=True)
-    sock = ENGINE_DIR / "docker.sock"
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    _stop_leftover(root)
+    sock = root / "docker.sock"
     # Niced, like the image build below: started in the background (prepare_in_background), the engine and its
     # builds must leave the two cores to the tests running meanwhile, some of which time themselves.
     cmd = ["nice", "-n", str(BACKGROUND_NICENESS), "dockerd", "--iptables=false", "--ip6tables=false",
-           "--bridge=none", "--data-root", str(ENGINE_DIR / "data"), "--exec-root", str(ENGINE_DIR / "exec"),
-           "--pidfile", str(ENGINE_DIR / "docker.pid"), "-H", f"unix://{sock}", "--group", GROUP]
+           "--bridge=none", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+           "--pidfile", str(root / "docker.pid"), "-H", f"unix://{sock}", "--group", GROUP]
     if storage_driver:
         cmd.append(f"--storage-driver={storage_driver}")
-    log = open(ENGINE_DIR / "dockerd.log", "ab")
+    log = open(root / "dockerd.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     host = f"unix://{sock}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         ok = subprocess.run(["docker", "version"], env={**os.environ, "DOCKER_HOST": host}, capture_output=True)
-        if ok.returncode == 0:
+        if ok.returncode == 0 and _pid_in(root) == proc.pid:  # ours answers, not another engine on this socket
             return proc, host
         time.sleep(0.5)
     _stop_daemon(proc)
     raise RuntimeError(f"dockerd did not start (storage driver {storage_driver or 'default'}); see "
-                       f"{ENGINE_DIR / 'dockerd.log'}")
+                       f"{root / 'dockerd.log'}")
+
+
+def _pid_in(root: Path) -> Optional[int]:
+    with contextlib.suppress(OSError, ValueError):
+        return int((root / "docker.pid").read_text().strip())
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """A process that has not exited (a zombie has: it only waits for its parent to read its status)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stop_leftover(root: Path) -> None:
+    """Stop the dockerd that an earlier session left running on ``root``, and remove a stale pid file.
+
+    A session killed before its end (Ctrl-C reaches the tests, not the engine: it runs in a session of its own)
+    leaves its engine running. Before this, the next session's dockerd refused to start on the pid file, the
+    readiness check was answered by the old engine on the same socket, and the sessions shared it; the first of them
+    to end then unmounted the old engine's host network namespace (exec/netns/default, _unmount_leftovers) under
+    it, and every later `docker run --network host` failed inside runc with "can't get final child's PID from pipe:
+    EOF" while containers without the host network still started (issue 36). dockerd also refuses a pid file whose
+    number a live process of any kind now has, so a stale one goes too."""
+    pid = _pid_in(root)
+    if pid is None:
+        return
+    comm = ""
+    with contextlib.suppress(OSError):
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    if comm == "dockerd" and _alive(pid):
+        print(f"docker_engine: stopping the engine an earlier session left running (dockerd pid {pid}, {root})",
+              file=sys.stderr)
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)  # dockerd and the containerd it started (start_new_session: one group)
+            deadline = time.monotonic() + wait_s
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if not _alive(pid):
+                break
+    (root / "docker.pid").unlink(missing_ok=True)
+    _unmount_leftovers(root)
 
 
 def _stop_daemon(proc: subprocess.Popen) -> None:
@@ -109,10 +159,11 @@ def _stop_daemon(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def _unmount_leftovers() -> None:
+def _unmount_leftovers(root: Optional[Path] = None) -> None:
     """dockerd leaves its network namespace bind-mounted under the exec root when it stops: unmount it, so that the
-    folder can be removed (and a later engine starts clean)."""
-    netns = ENGINE_DIR / "exec" / "netns" / "default"
+    folder can be removed (and a later engine starts clean). Only once that engine is gone: a running engine needs
+    it for every container on the host network."""
+    netns = (root or ENGINE_DIR) / "exec" / "netns" / "default"
     if os.path.ismount(netns):
         subprocess.run(["umount", str(netns)], capture_output=True)
 
@@ -140,9 +191,9 @@ def _prepare() -> tuple[subprocess.Popen, Engine]:
         raise
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, root: Optional[Path] = None) -> None:
     _stop_daemon(proc)
-    _unmount_leftovers()
+    _unmount_leftovers(root)
 
 
 _prepared: Optional[concurrent.futures.Future] = None
@@ -302,8 +353,8 @@ def mlflow_run(engine: Engine, project: Path, args: Sequence[str], env: Optional
 
 def machine_state(engine: Engine) -> str:
     """What a container start that failed inside runc leaves to look at: memory, disk, tasks, the kernel's and the
-    engine's last words (issue 36: three `docker run --network host` failed with runc's "can't get final child's PID
-    from pipe: EOF" on one machine, and were not seen again)."""
+    engine's last words. (Issue 36's three `docker run --network host` failures, runc's "can't get final child's PID
+    from pipe: EOF", came from an engine whose host network namespace had been unmounted under it: _stop_leftover.)"""
     def out(*command: str) -> str:
         done = subprocess.run(command, capture_output=True, text=True)
         return (done.stdout + done.stderr).strip()
