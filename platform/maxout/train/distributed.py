@@ -17,18 +17,24 @@ collectives the trainer needs, and which rank broke a job that failed.
 
 Every rank runs the same ``maxout train`` command, so every rank computes the same config and run key; rank 0
 alone opens the MLflow run and tells the others its id.
+
+A process that ran a process group ends through ``end_process`` (cli.main calls it), not through the interpreter's
+finalization: see its docstring.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
+import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, NoReturn, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -238,6 +244,8 @@ def session(cfg: DistributedConfig, device: DeviceInfo) -> Iterator[World]:
         torch.cuda.set_device(local_rank)  # from here on "cuda" is this rank's own GPU
         device_id = torch.device("cuda", local_rank)
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s), device_id=device_id)
+    global _ran_process_group
+    _ran_process_group = True
     ok = False
     try:
         yield World.from_env(backend)
@@ -245,6 +253,35 @@ def session(cfg: DistributedConfig, device: DeviceInfo) -> Iterator[World]:
     finally:
         if ok or backend == "gloo":  # NCCL after a broken collective can hang in teardown: the exit frees it
             dist.destroy_process_group()
+
+
+_ran_process_group = False  # session() initialised a process group in this process
+
+
+def ran_process_group() -> bool:
+    return _ran_process_group
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit now, with ``code``, skipping the interpreter's finalization (a rank of a multi-process job, once its work
+    and its process group are done: cli.main).
+
+    Gloo's worker threads release each finished collective (its Work, holding the tensors it read and wrote) on
+    their own, shortly after the caller's wait() returned. Where Python had already dropped those tensors, that
+    release takes the GIL; if the interpreter has begun finalizing by then, taking the GIL ends the thread from
+    inside a C++ destructor, and the process dies with SIGABRT, "terminate called without an active exception"
+    (pytorch/pytorch#117762, open). A rank that has nothing left to do after its last collective exits within
+    milliseconds, so on a busy machine the worker thread is often late: issue 36 saw it at random on FSDP jobs
+    (core dump: Py_FinalizeEx in the main thread, ~AsyncAllgatherCoalescedWork -> take_gil -> pthread_exit in
+    pt_gloo_runloop). destroy_process_group() does not stop those threads (gloo has no shutdown).
+    Everything the job writes is closed before this (the run, its artifacts, the checkpoints); what is left is
+    freed here in the open, then the process exits without finalizing."""
+    gc.collect()  # data loaders' worker processes, held in cycles, are shut down by their finalizers
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 # ------------------------------------------------------------------------------------------ failures
