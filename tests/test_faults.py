@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Iterator
 
@@ -575,6 +576,38 @@ def _phase(monkeypatch, phase: str) -> None:
         monkeypatch.setattr(checkpointing._Hashing, "write", interrupted)
 
 
+def test_a_ctrl_c_whose_interrupt_python_drops_in_a_finalizer_still_stops_the_run(tmp_path, mlflow_store, capsys,
+                                                                                   sigterm_handler):
+    """Python runs a signal handler wherever the main thread is. Inside a finalizer (a weakref callback, __del__)
+    the KeyboardInterrupt it raises is printed and dropped ("Exception ignored in ..."), and the run trained on to
+    FINISHED with exit 0 (issue 36: a Ctrl-C during evaluation, under load). The stop is kept (errors.py) and
+    raised at the next safe point: exit 130, the run KILLED."""
+    from maxout.train import loop
+
+    overrides = small(tmp_path, *mlflow_store["overrides"], "tracking.log_model=false")
+    evaluate = loop.evaluate
+
+    def ctrl_c_inside_a_finalizer(*args, **kwargs):
+        class Doomed:
+            pass
+
+        doomed = Doomed()
+        weakref.finalize(doomed, os.kill, os.getpid(), signal.SIGINT)
+        del doomed  # the finalizer runs here, and the handler inside it
+        return evaluate(*args, **kwargs)
+
+    dropped = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "evaluate", ctrl_c_inside_a_finalizer)
+        patch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
+        code = cli.main(["train", *overrides, "--no-progress"])
+    assert dropped == [KeyboardInterrupt]  # Python dropped it, as described
+    err = capsys.readouterr().err
+    assert (code, err.strip().splitlines()[-1]) == (130, "maxout: interrupted"), err[-3000:]
+    assert [r.info.status for r in runs_in(mlflow_store["uri"])] == ["KILLED"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # cli.main left Ctrl-C as it found it
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", ["before the run starts", "set-up", "training step", "evaluation",
                                    "checkpoint write", "model logging", "registration"])
@@ -588,8 +621,9 @@ def test_a_signal_at_each_phase_ends_the_run_killed_with_its_checkpoints_intact(
         _phase(patch, phase)
         code = cli.main(["train", *overrides, "--no-progress"])
     interrupted = "interrupted" if phase == "evaluation" else "terminated (SIGTERM)"
-    assert (code, capsys.readouterr().err.strip().splitlines()[-1]) == \
-        (130 if phase == "evaluation" else 143, f"maxout: {interrupted}")
+    err = capsys.readouterr().err
+    assert (code, err.strip().splitlines()[-1]) == (130 if phase == "evaluation" else 143, f"maxout: {interrupted}"), \
+        err[-3000:]
     runs = runs_in(mlflow_store["uri"])
     assert [r.info.status for r in runs] == ({"before the run starts": [], "registration": ["FINISHED"]}
                                              .get(phase, ["KILLED"]))

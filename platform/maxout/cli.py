@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from . import __version__
-from .errors import USAGE, ConfigError, MaxoutError, Terminated, combined
+from .errors import USAGE, ConfigError, MaxoutError, Terminated, combined, forget_stop_request, stop_requested
 from .insight.grid import AXES
 
 
@@ -52,7 +52,13 @@ def _on_sigterm(signum: int, frame: object) -> None:
     if os.getpid() != _MAIN_PID:  # a forked DataLoader worker inherits this handler: the main process shuts it down
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not interrupt closing the run
-    raise Terminated()
+    raise stop_requested(signum)  # kept, too: raised again at the next safe point if this one gets dropped
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    if os.getpid() != _MAIN_PID:  # a forked DataLoader worker: Python's own behaviour
+        signal.default_int_handler(signum, frame)
+    raise stop_requested(signum)  # Ctrl-C, as Python's own handler, kept like SIGTERM
 
 
 def load_config(args: argparse.Namespace, device: Any = None) -> Any:
@@ -500,9 +506,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    code = _main(argv)
+    distributed = sys.modules.get("maxout.train.distributed")
+    if distributed is not None and distributed.ran_process_group():
+        distributed.end_process(code)  # a rank of a multi-process job: see end_process (a torch bug at exit)
+    return code
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse exits 2 with its own one-line usage error
+    forget_stop_request()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    previous_sigint = signal.signal(signal.SIGINT, _on_sigint)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -517,6 +533,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _end_orphan_run()
         print("maxout: terminated (SIGTERM)", file=sys.stderr)
         return 143
+    finally:
+        signal.signal(signal.SIGINT, previous_sigint)  # called in-process (tests, notebooks): leave it as found
 
 
 def _end_orphan_run() -> None:

@@ -8,7 +8,8 @@ Ground floor. May import: nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import signal
+from typing import Any, Callable, Optional, Sequence
 
 USAGE = 2  # bad config, bad override, bad CLI arguments: the user must change the command
 RUNTIME = 1  # the command was fine but the run could not complete (missing file, no GPU, ...)
@@ -52,6 +53,33 @@ class Diverged(MaxoutError):
 class Terminated(BaseException):
     """Raised in the main thread on SIGTERM (cli.py installs the handler), so the run is closed as KILLED instead
     of left RUNNING. A BaseException: ``except Exception`` blocks must not swallow it."""
+
+
+# SIGINT or SIGTERM, once a handler raised for it (cli.py). Python runs a signal handler wherever the main thread
+# is: inside a finalizer or a weakref callback, where the exception it raises is printed ("Exception ignored in
+# ...") and dropped, so the run trained on and finished (issue 36 saw it under load: a Ctrl-C during evaluation,
+# a Ctrl-C to an HPO supervisor). What a handler raised for is kept here, and the safe points (each step's end,
+# each evaluation, before the model is logged, the supervisor's polls) raise it again if it got lost.
+_stop_signal: Optional[int] = None
+
+
+def stop_requested(signum: int) -> BaseException:
+    """Record that ``signum`` (SIGINT or SIGTERM) asked this process to stop; the exception to raise for it."""
+    global _stop_signal
+    _stop_signal = _stop_signal or signum
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
+def raise_if_stop_requested() -> None:
+    """At a safe point: raise the stop a signal asked for, in case the handler's exception was dropped."""
+    if _stop_signal is not None:
+        raise KeyboardInterrupt() if _stop_signal == signal.SIGINT else Terminated()
+
+
+def forget_stop_request() -> None:
+    """A new command in this process (cli.main, called again in-process) starts with no stop asked."""
+    global _stop_signal
+    _stop_signal = None
 
 
 class OutOfMemory(HardwareError):

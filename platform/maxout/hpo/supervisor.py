@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 from optuna.trial import TrialState
 
 from ..config import Config
-from ..errors import MaxoutError, Terminated
+from ..errors import MaxoutError, Terminated, raise_if_stop_requested
 from ..train import Callback
 from . import storage as storage_mod
 from .objective import HOST
@@ -250,6 +250,7 @@ def supervise(study: Any, slots: Sequence[Slot], overrides: Sequence[str], paren
     try:
         while live:
             time.sleep(POLL_S)
+            raise_if_stop_requested()  # a Ctrl-C whose KeyboardInterrupt got dropped (errors.py) still stops it
             for index, worker in list(live.items()):
                 if worker.proc.poll() is None:
                     continue

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from .. import metrics as m
 from ..data import MODEL_INPUTS
-from ..errors import first_line
+from ..errors import first_line, raise_if_stop_requested
 from ..optimizations import grad_clipping
 from ..tracking.tracker import Tracker
 from .callbacks import Callback, CallbackList, TrainState
@@ -127,6 +127,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
         s.divergence.check_evaluation(state.eval_metrics, state.step, s, tracker)
         tracker.log_metrics(state.eval_metrics, step=state.step)
         hooks.on_evaluate(state, state.eval_metrics)
+        raise_if_stop_requested()  # a Ctrl-C or SIGTERM whose exception got dropped (errors.py) stops here
         meter.resume()
 
     for epoch in range(state.epoch, tr.epochs):
@@ -162,6 +163,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
             if state.step in eval_steps:
                 run_eval()
             hooks.on_step_end(state)  # after the step's logging: a checkpoint here resumes without a gap
+            raise_if_stop_requested()
             if state.step >= s.total_steps or state.stop_reason:
                 break
         if state.stop_reason:  # stopped early, maybe mid-epoch: the epoch did not end

@@ -30,7 +30,7 @@ import pandas as pd
 from .. import data as data_mod
 from .. import hardware, metrics as m
 from ..config import Config, to_dict
-from ..errors import MaxoutError, Terminated
+from ..errors import MaxoutError, Terminated, raise_if_stop_requested
 from ..optimizations import accumulation, bucketing, lora
 from ..serving import inference
 from ..tracking.params import config_params, device_params, run_name
@@ -269,8 +269,10 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
         results["perf/mfu"] = m.mfu(flops, tokens_per_device, peak)  # per device: the peak is one device's
         results["perf/flops_per_token"] = flops
         try:  # the reports' artifacts, then the model: uploads that may find the server away
+            raise_if_stop_requested()  # a stop whose exception got dropped (errors.py): before, and after, logging
             log_outcome(setup, tracker, results, selection, selected, warm)
             model_uri = log_model(setup, tracker, results, selection.last_step) if cfg.tracking.log_model else None
+            raise_if_stop_requested()
         except MaxoutError as err:  # the server stayed away: say where the weights are and how to finish the run
             raise resuming.model_not_stored(err, setup.total_steps) if owned else err
     if world.is_main:
