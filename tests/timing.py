@@ -136,6 +136,15 @@ def pytest_configure(config):
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The test's outcome for its record: failed if any phase failed, else skipped if one was, else passed."""
+    report = (yield).get_result()
+    rank = {"passed": 0, "skipped": 1, "failed": 2}
+    if rank[report.outcome] > rank[getattr(item, "_timing_outcome", "passed")]:
+        item._timing_outcome = report.outcome
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     path = item.config.getoption("--timing-out")
     if not path:
@@ -149,7 +158,8 @@ def pytest_runtest_protocol(item, nextitem):
     wall = time.perf_counter() - start
     CLOCK.current = None
     self1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    record = {"test": item.nodeid, "wall": wall, "split": dict(counter),
+    record = {"test": item.nodeid, "outcome": getattr(item, "_timing_outcome", "passed"), "wall": wall,
+              "split": dict(counter),
               "in-process": max(0.0, wall - sum(counter.values())),
               "cpu_self": (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime),
               "cpu_children": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime),
