@@ -98,6 +98,8 @@ def pytest_collection_finish(session):
     from . import docker_engine  # lazy: it imports this module
 
     users = {item.nodeid.split("::")[0] for item in session.items if "engine" in getattr(item, "fixturenames", ())}
+    if session.config.option.collectonly:
+        return  # nothing runs: no engine (it made --collect-only wait minutes for an image build at its end)
     if XDIST_WORKER:
         unknown = users - set(docker_engine.ENGINE_TEST_FILES)
         if unknown:
@@ -119,7 +121,7 @@ def pytest_xdist_node_collection_finished(node, ids):
     uses it. The controller outlives every worker, so the engine is there for whichever worker runs those tests."""
     from . import docker_engine  # lazy: it imports this module
 
-    if any(i.split("::")[0] in docker_engine.ENGINE_TEST_FILES for i in ids):
+    if not node.config.option.collectonly and any(i.split("::")[0] in docker_engine.ENGINE_TEST_FILES for i in ids):
         docker_engine.HANDOFF = _engine_handoff()
         docker_engine.prepare_in_background(docker_engine.HANDOFF)
 
