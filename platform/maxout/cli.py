@@ -535,6 +535,7 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         return 143
     finally:
         signal.signal(signal.SIGINT, previous_sigint)  # called in-process (tests, notebooks): leave it as found
+        forget_stop_request()  # ... and no stop request for what the caller runs next
 
 
 def _end_orphan_run() -> None:
