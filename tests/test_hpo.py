@@ -576,3 +576,45 @@ def test_a_diverging_study_goes_on_and_its_champion_is_a_finite_loss_trial(mlflo
     diverged = [children[n].info.run_id for n in range(5) if lrs[n] == 1e9]
     exps = [e.experiment_id for e in client.search_experiments()]
     assert not [lm for lm in client.search_logged_models(exps) if lm.source_run_id in diverged]
+
+
+def test_a_worker_leaving_the_study_fails_and_requeues_a_dead_workers_trial_and_leaves_a_live_ones():
+    """hpo/study.settle_lost_trials on a real PostgreSQL: Optuna finds a dead worker's trial only when a worker
+    starts a trial after its grace period, so the worker that brings the study to n_trials must look before it
+    leaves (test_two_workers_on_postgres... once ended with the killed worker's trial still RUNNING). A trial whose
+    worker stopped sending heartbeats is failed and re-queued with its params; one with live heartbeats is left."""
+    import threading
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from maxout.config import HpoConfig, TrackingConfig
+    from maxout.hpo import storage as storage_mod
+
+    from .services import create_database, postgres
+
+    hpo = HpoConfig(heartbeat_interval_s=1, grace_period_s=2)
+    with postgres() as server:
+        url = create_database(server, "optuna")
+        storage = storage_mod.open_storage(HpoConfig(storage=url, heartbeat_interval_s=1, grace_period_s=2),
+                                           TrackingConfig(name="none", backend="none"))
+        study = optuna.create_study(study_name="settle", storage=storage)
+        dead, live = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), study.ask()
+        storage.record_heartbeat(dead._trial_id)  # then its worker is killed: no more heartbeats
+        beating = threading.Event()
+
+        def heartbeats() -> None:  # a live worker, still training
+            while not beating.wait(0.5):
+                storage.record_heartbeat(live._trial_id)
+
+        thread = threading.Thread(target=heartbeats, daemon=True)
+        thread.start()
+        try:
+            assert hpo_study.settle_lost_trials(study, hpo) == 1
+        finally:
+            beating.set()
+            thread.join()
+        states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+        assert states[dead.number] == TrialState.FAIL and states[live.number] == TrialState.RUNNING
+        (requeued,) = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        assert requeued.params == dead.params  # the same params, run by whoever starts the next trial

@@ -192,8 +192,34 @@ def optimize(study: Any, objective: Objective, hpo: HpoConfig, after_trial: Sequ
     gc.freeze()
     try:
         study.optimize(objective, timeout=hpo.timeout_s, callbacks=callbacks, gc_after_trial=True)
+        requeued = settle_lost_trials(study, hpo)
+        if requeued and hpo.timeout_s is None:  # a lost trial is run again, even past n_trials: none is lost
+            study.optimize(objective, n_trials=requeued, callbacks=list(after_trial), gc_after_trial=True)
     finally:
         gc.unfreeze()
+
+
+def settle_lost_trials(study: Any, hpo: HpoConfig) -> int:
+    """Before a worker leaves a study with heartbeats (an RDB storage): fail the trials of workers that died, so
+    that none stays RUNNING; returns how many of them it re-queued (RetryLostTrial, with the same params).
+
+    Optuna finds a stale trial only when some worker starts a trial after the dead one's grace period; the worker
+    that brings the study to n_trials starts none, so a worker killed within the grace period before the end left
+    its trial RUNNING (test_hpo's killed-worker test, on a loaded machine). So this worker waits while trials are
+    RUNNING, at most one grace period and one heartbeat interval, failing the stale ones as it goes; the trials
+    of live workers keep their heartbeats and are theirs to finish."""
+    beats = getattr(study._storage, "get_heartbeat_interval", None)  # the study's storage is Optuna's cached wrapper
+    if beats is None or beats() is None:
+        return 0
+
+    def waiting() -> set:
+        return {t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+
+    before, deadline = waiting(), time.monotonic() + hpo.grace_period_s + hpo.heartbeat_interval_s
+    while study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) and time.monotonic() < deadline:
+        time.sleep(min(hpo.heartbeat_interval_s, max(0.0, deadline - time.monotonic())))
+        optuna.storages.fail_stale_trials(study)
+    return len(waiting() - before)
 
 
 def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Optional[Any] = None,
