@@ -63,17 +63,22 @@ class Terminated(BaseException):
 _stop_signal: Optional[int] = None
 
 
+def stop_error(signum: int) -> BaseException:
+    """What stops the command for ``signum``: KeyboardInterrupt for SIGINT (Ctrl-C), Terminated for SIGTERM."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+
+
 def stop_requested(signum: int) -> BaseException:
     """Record that ``signum`` (SIGINT or SIGTERM) asked this process to stop; the exception to raise for it."""
     global _stop_signal
     _stop_signal = _stop_signal or signum
-    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+    return stop_error(signum)
 
 
 def raise_if_stop_requested() -> None:
     """At a safe point: raise the stop a signal asked for, in case the handler's exception was dropped."""
     if _stop_signal is not None:
-        raise KeyboardInterrupt() if _stop_signal == signal.SIGINT else Terminated()
+        raise stop_error(_stop_signal)
 
 
 def forget_stop_request() -> None:

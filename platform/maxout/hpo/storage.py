@@ -128,8 +128,10 @@ def _parses(line: bytes) -> bool:
 
 
 def heartbeats(storage: Any) -> bool:
-    """Whether a killed worker's trial is found and retried (RDB storage with heartbeats)."""
-    return getattr(storage, "heartbeat_interval", None) is not None
+    """Whether a killed worker's trial is found and retried (RDB storage with heartbeats). Also for a study's
+    storage, Optuna's cached wrapper around it, which has the method but not the attribute."""
+    interval = getattr(storage, "get_heartbeat_interval", None)
+    return interval is not None and interval() is not None
 
 
 class RetryLostTrial:

@@ -208,8 +208,7 @@ def settle_lost_trials(study: Any, hpo: HpoConfig) -> int:
     its trial RUNNING (test_hpo's killed-worker test, on a loaded machine). So this worker waits while trials are
     RUNNING, at most one grace period and one heartbeat interval, failing the stale ones as it goes; the trials
     of live workers keep their heartbeats and are theirs to finish."""
-    beats = getattr(study._storage, "get_heartbeat_interval", None)  # the study's storage is Optuna's cached wrapper
-    if beats is None or beats() is None:
+    if not storage_mod.heartbeats(study._storage):
         return 0
 
     def waiting() -> set:

@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 from optuna.trial import TrialState
 
 from ..config import Config
-from ..errors import MaxoutError, Terminated, raise_if_stop_requested
+from ..errors import MaxoutError, Terminated, raise_if_stop_requested, stop_error
 from ..train import Callback
 from . import storage as storage_mod
 from .objective import HOST
@@ -84,7 +84,7 @@ class StopRequested(Callback):
         self.asked = threading.Event()
 
     def error(self) -> BaseException:
-        return KeyboardInterrupt() if self.signal == signal.SIGINT else Terminated()
+        return stop_error(self.signal)
 
     def check(self) -> None:
         if self.asked.is_set():
