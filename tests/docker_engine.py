@@ -285,9 +285,9 @@ def engine() -> Iterator[Engine]:
         _stop(proc)
 
 
-def project_copy(dest: Path) -> Path:
+def project_copy(dest: Path, owner: str = USER) -> Path:
     """The working tree as a fresh clone would hold it (tracked files, and new files git does not ignore),
-    owned by the test user."""
+    owned by ``owner`` (the test user, or root)."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                             capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -295,7 +295,7 @@ def project_copy(dest: Path) -> Path:
         if source.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
-    user = pwd.getpwnam(USER)
+    user = pwd.getpwnam(owner)
     for path in [dest, *dest.rglob("*")]:
         os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
     return dest
@@ -337,11 +337,11 @@ def user_python() -> str:
 
 
 def mlflow_run(engine: Engine, project: Path, args: Sequence[str], env: Optional[dict] = None,
-               timeout_s: float = 900) -> subprocess.CompletedProcess:
-    """`mlflow run . ARGS` in ``project``, as the test user, with only the environment a user would have (plus
-    ``env``: a tracking URI, S3 keys)."""
-    user = pwd.getpwnam(USER)
-    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER,
+               timeout_s: float = 900, as_user: str = USER) -> subprocess.CompletedProcess:
+    """`mlflow run . ARGS` in ``project``, as ``as_user`` (the test user, or root), with only the environment a user
+    would have (plus ``env``: a tracking URI, S3 keys)."""
+    user = pwd.getpwnam(as_user)
+    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir, "USER": as_user, "LOGNAME": as_user,
             "LANG": "C.UTF-8", **engine.env}
     command = _as_user(user, engine.user_python, "-m", "mlflow", "run", ".", *args)
     result = subprocess.run(command, cwd=project, env={**base, **(env or {})}, capture_output=True, text=True,
