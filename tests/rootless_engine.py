@@ -114,6 +114,7 @@ def _copy_image(source: str, dest: str) -> None:
     save.stdout.close()
     if save.wait() or load.returncode:
         raise RuntimeError(f"copying {docker_engine.IMAGE} into the rootless engine failed: {load.stderr[-500:]}")
+    docker_engine._prune(dest)  # the image this one replaced
 
 
 @contextlib.contextmanager
