@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,demo]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,demo,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
