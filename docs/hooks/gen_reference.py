@@ -375,6 +375,7 @@ def optimizations_page() -> str:
 PARAM = re.compile(r"^(opt|cfg|device|dist|derived|batch_finder|hpo|best)\.[A-Za-z_<>{}.]+$")
 METRIC = re.compile(r"^(train|eval|test|perf|mem|gpu|time|hpo|best|audit|cv|fold|benchmark)/[A-Za-z0-9_/<>{}]+$")
 FILE_SUFFIX = re.compile(r"\.(json|csv|png|md|txt|yaml|pt|journal|lock|db)$")
+DERIVED_ANY = re.compile(r"^derived\.<[^>]+>$")
 
 
 def _derived_keys(tree: ast.AST) -> list[str]:
@@ -410,7 +411,9 @@ def logged_names() -> dict[str, dict[str, set[str]]]:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             text = _literal(node)
-            if not text or FILE_SUFFIX.search(text):
+            # a file name, a prefix that is joined to more (``"gpu/rank_"``), or run.py's ``derived.<k>`` (the
+            # derived keys themselves are read from set-up's dict below) is no name of its own
+            if not text or FILE_SUFFIX.search(text) or text.endswith((".", "_")) or DERIVED_ANY.match(text):
                 continue
             kind = "params" if PARAM.match(text) else "metrics" if METRIC.match(text) else None
             if kind:
@@ -430,7 +433,9 @@ def logged_page() -> str:
            "Every param and metric name the code writes, found in its string literals (`<...>` is a part filled in "
            "at run time: a label, a rank, a config key), with the modules that write it. `cfg.*` is every config "
            "key ([Configuration keys](config.md)), `opt.*` every decision ([Optimization decisions]"
-           "(optimizations.md)). What each one means: [What a run logs](what-a-run-logs.md).", ""]
+           "(optimizations.md)). Names the code builds from parts (`test/*` from `eval/*`, the per-class "
+           "`eval/<score>/<label>`, `best/<metric>`) and what each one means: [What a run logs](what-a-run-logs.md).",
+           ""]
     for kind, title in (("params", "Params"), ("metrics", "Metrics")):
         names = found[kind]
         out += [f"## {title}", ""]
