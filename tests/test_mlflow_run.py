@@ -1,5 +1,5 @@
-"""`mlflow run .` through a real Docker engine, as a user starts it from a fresh clone (README, "mlflow run in the
-CUDA image"), against the three stores:
+"""`mlflow run .` through a real Docker engine, as a user starts it from a fresh clone (docs/tutorials/gpu-box.md,
+"`mlflow run` in the CUDA image"), against the three stores:
 
 - (a) the embedded store (mlflow.db and mlruns/ in the project folder: what `make ui` opens), with no `-A`: as an
   ordinary user, as root, and as a user of rootless Docker (issue 38);
