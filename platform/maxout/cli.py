@@ -38,9 +38,14 @@ CONFIG_GROUPS = ("hardware", "model", "data", "train", "tracking", "hpo")
 
 def split_overrides(positional: Sequence[str], overrides: Optional[str]) -> list[str]:
     """Positional overrides as given, plus ``--overrides "a=1 b=2"`` split like a shell would (MLproject's
-    free-form parameter arrives as one token)."""
+    free-form parameter arrives as one token). A string that is one shell-quoted token, ``'a=1 b=2'`` or ``''``, is
+    unwrapped once more: MLflow's Kubernetes backend quotes each token of MLproject's command and hands the list to
+    the container without a shell, so the quotes arrive with the value (no override is a whole quoted string)."""
     try:
-        return list(positional) + (shlex.split(overrides) if overrides else [])
+        tokens = shlex.split(overrides) if overrides else []
+        if len(tokens) == 1 and tokens[0] != overrides and shlex.quote(tokens[0]) == overrides:
+            tokens = shlex.split(tokens[0])
+        return list(positional) + tokens
     except ValueError as err:
         raise ConfigError(f"--overrides {overrides!r} cannot be split ({err}); balance its quotes") from None
 
