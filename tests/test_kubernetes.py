@@ -313,3 +313,24 @@ def test_mlflow_run_backend_stops_at_the_docker_engine_check_before_building_the
                           env=env, timeout=120)
     assert done.returncode != 0
     assert "Ran `docker info` to ensure docker daemon is running but it failed" in done.stderr, done.stderr[-2000:]
+
+
+# ---- maxout launch kubernetes
+
+
+def test_maxout_launch_kubernetes_writes_the_manifests_and_refuses_a_bad_override(tmp_path, capsys):
+    out = tmp_path / "k8s"
+    assert cli.main(["launch", "kubernetes", "model=tiny", "--out", str(out), "--name", "nli", "--nodes", "3",
+                     "--gpus-per-node", "4", "--image", "registry.example.com/maxout:2"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["hpo-job.yaml", "indexed-job.yaml", "kubernetes_config.json",
+                                                     "kubernetes_job_template.yaml", "trainjob.yaml"]
+    service, job = yaml.safe_load_all((out / "indexed-job.yaml").read_text())
+    for obj in (service, job, yaml.safe_load((out / "hpo-job.yaml").read_text())):
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    trainjob = yaml.safe_load((out / "trainjob.yaml").read_text())
+    jsonschema.Draft7Validator(trainjob_schema()).validate(trainjob)
+    assert (trainjob["spec"]["trainer"]["numNodes"], trainjob["spec"]["trainer"]["numProcPerNode"]) == (3, 4)
+    assert job["spec"]["completions"] == 3 and "model=tiny" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    capsys.readouterr()
+    assert cli.main(["launch", "kubernetes", "model=tiny", "trian.epochs=1", "--out", str(tmp_path / "bad")]) == 2
+    assert "unknown config key 'trian.epochs'" in capsys.readouterr().err and not (tmp_path / "bad").exists()

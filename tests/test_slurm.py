@@ -98,6 +98,33 @@ def test_training_job_runs_one_agent_per_node_and_a_requeued_job_resumes_its_run
     assert int(run.data.tags["maxout.resumed_from_step"]) >= 1  # the second start continued the first's run
     assert text.count("maxout: resuming from step") == 1
     assert text.count("maxout: done") == 1 and not checkpoints(tmp_path)  # a finished run keeps no checkpoint
+    assert run.data.tags["maxout.slurm_job_id"] == job_id
+
+
+def test_scancel_ends_the_run_and_leaves_no_process_on_either_node(cluster, tmp_path, mlflow_store):
+    job, script = tiny_job(tmp_path, mlflow_store, "mx-cancel", epochs=50)
+    job_id = cluster.sbatch(script, f"--chdir={ROOT}", env=JOB_ENV)
+    wait_for(lambda: checkpoints(tmp_path), 120, f"no checkpoint\n{cluster.logs()}")
+    (running,) = runs_in(mlflow_store["uri"])
+    assert running.info.status == "RUNNING"
+    cluster.run("scancel", job_id)
+    assert cluster.wait(job_id, 60) == "CANCELLED"
+
+    def only_slurmd() -> bool:
+        return all(cluster.processes_in(node) == [pid] for node, pid in cluster.slurmd_pids.items())
+
+    wait_for(only_slurmd, 30, "processes left: " + repr({n: cluster.processes_in(n) for n in cluster.node_addrs}))
+    (run,) = runs_in(mlflow_store["uri"])
+    # KILLED, by rank 0 or by the script's trap; or FAILED when srun's SIGKILL took rank 1 before it told rank 0
+    # its outcome: rank 0, stopping too, then ends the run naming rank 1 as lost (train/distributed.py)
+    assert run.info.run_id == running.info.run_id and run.info.status in ("KILLED", "FAILED")
+    if run.info.status == "FAILED":
+        assert "rank 1 lost" in run.data.tags["maxout.status_reason"] and "SIGTERM" in run.data.tags[
+            "maxout.status_reason"]
+    assert run.data.tags["maxout.slurm_job_id"] == job_id
+    # the script's trap ran once srun was gone (it ends the run if rank 0 was SIGKILLed before it could)
+    assert f"maxout: Slurm job {job_id}: ended" in output(tmp_path, "mx-cancel", job_id)
+    assert checkpoints(tmp_path)  # kept: a new submission with resume=auto continues it
 
 
 def test_training_script_is_what_torchrun_and_maxout_accept():
@@ -114,7 +141,7 @@ def test_training_script_is_what_torchrun_and_maxout_accept():
                          gpus_per_node=8)
     script = slurm.training_script(job)
     assert "#SBATCH --nodes=4" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --requeue" in script
-    program = shlex.split(next(line for line in script.splitlines() if line.startswith("srun ")))[-1]
+    program = shlex.split(next(line for line in script.splitlines() if line.startswith("srun ")))[-2]
     assert program.count("exec ") == 1
     env = {"PATH": os.environ["PATH"], "SLURM_NNODES": "4", "MAXOUT_RDZV_ENDPOINT": "10.0.0.1:29500",
            "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "gpu01", "head_node": "gpu01", "SLURM_NODEID": "0"}
@@ -132,9 +159,45 @@ def test_training_script_is_what_torchrun_and_maxout_accept():
     assert [str(p) for p in loading.precheck(args.overrides)] == []
 
 
+def test_end_slurm_job_ends_only_that_jobs_running_runs(mlflow_store, capsys):
+    """What the script's trap runs: the RUNNING runs tagged with the job end KILLED; another job's run and a
+    finished run of the job are left as they are."""
+    import mlflow
+
+    from maxout import cli
+
+    client = mlflow.MlflowClient(tracking_uri=mlflow_store["uri"])
+    experiment = client.create_experiment("maxout")
+    ids = {}
+    for name, job, finished in (("cancelled", "17", False), ("other", "18", False), ("done", "17", True)):
+        ids[name] = client.create_run(experiment, tags={"maxout.slurm_job_id": job}).info.run_id
+        if finished:
+            client.set_terminated(ids[name], "FINISHED")
+    assert cli.main(["tracking", "end-slurm-job", "17", *mlflow_store["overrides"]]) == 0
+    assert f"ended 1 running run(s) as KILLED: {ids['cancelled']}" in capsys.readouterr().out
+    status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+    assert status == {"cancelled": "KILLED", "other": "RUNNING", "done": "FINISHED"}
+    assert cli.main(["tracking", "end-slurm-job", "$SLURM_JOB_ID"]) == 2
+    assert "job id '$SLURM_JOB_ID' is invalid" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad, message", [({"nodes": 0}, "nodes=0 is invalid"), ({"name": "a b"}, "name='a b'"),
                                           ({"time": "1 day"}, "time='1 day' is invalid"),
                                           ({"overrides": ("resume=abc",)}, "sets resume=auto itself")])
 def test_bad_settings_are_refused_naming_the_value(bad, message):
     with pytest.raises(ConfigError, match=message):
         slurm.SlurmJob(**bad)
+
+
+def test_maxout_launch_slurm_writes_the_script_and_refuses_a_bad_override(tmp_path, capsys):
+    from maxout import cli
+
+    out = tmp_path / "train.sbatch"
+    assert cli.main(["launch", "slurm", "model=tiny", "--out", str(out), "--nodes", "4", "--gpus-per-node", "8",
+                     "--partition", "gpu", "--python", "/opt/venv/bin/python"]) == 0
+    script = out.read_text()
+    assert script == slurm.training_script(slurm.SlurmJob(overrides=("model=tiny",), nodes=4, gpus_per_node=8,
+                                                          partition="gpu", python="/opt/venv/bin/python"))
+    assert f"sbatch {out}" in capsys.readouterr().out
+    assert cli.main(["launch", "slurm", "model=tiny", "train.lr=fast", "--out", str(tmp_path / "bad")]) == 2
+    assert "train.lr" in capsys.readouterr().err and not (tmp_path / "bad").exists()

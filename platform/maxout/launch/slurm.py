@@ -6,7 +6,8 @@ the agents meet through c10d rendezvous on the first node of the allocation (its
 each starts ``procs_per_node`` ranks (one per GPU). The command always carries ``resume=auto``: a job that Slurm
 requeues (pre-emption, a node failure, ``scontrol requeue``) continues its run from the newest checkpoint
 (``checkpoint.dir`` must be on a file system every node shares). ``scancel`` sends SIGTERM to the job's steps:
-torchrun forwards it to its ranks, and the run ends KILLED with its checkpoint kept.
+the script ends the job's runs still RUNNING as KILLED (``maxout tracking end-slurm-job``: srun SIGKILLs the
+ranks on SIGTERM, often before rank 0 could end its run), and the checkpoints are kept.
 
 Why plain sbatch and not submitit: submitit pickles a Python function and runs it through its own launcher on the
 nodes, which needs maxout importable where ``sbatch`` runs and hides the command a user would otherwise read and
@@ -99,11 +100,24 @@ def training_script(job: SlurmJob) -> str:
         f'export MAXOUT_RDZV_ENDPOINT="$(node_addr "$head_node"):{job.rdzv_port}"',
         'echo "maxout: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, rendezvous '
         '$MAXOUT_RDZV_ENDPOINT"',
-        # --kill-on-bad-exit: one agent failing ends the step on every node; exec: the agent gets srun's signals
+        # --kill-on-bad-exit: one agent failing ends the step on every node; exec: the agent gets srun's signals.
+        # In the background, so that this shell's trap runs as soon as Slurm signals the job (below).
         "srun --kill-on-bad-exit=1 bash -c " + shlex.quote(
             'echo "maxout: agent on $SLURMD_NODENAME ($(node_addr "$SLURMD_NODENAME")), node rank $SLURM_NODEID"; '
             # the first node hosts the rendezvous store: said, not guessed from its host name (a node whose name
             # does not resolve to the address it is reached at would otherwise wait for a store nobody hosts)
             'is_host=0; [ "$SLURMD_NODENAME" = "$head_node" ] && is_host=1; '
-            f"exec {agent}"),
+            f"exec {agent}") + " &",
+        "srun_pid=$!",
+        "# scancel and requeue send SIGTERM to the ranks and to srun at once, and srun answers it by SIGKILLing the",
+        "# ranks, maybe before rank 0 ended its run: once srun is gone, end the job's runs still RUNNING (KILLED).",
+        "# The checkpoints stay: resume=auto continues the run (a requeued job does so by itself).",
+        "end_runs() {",
+        '    wait "$srun_pid" || true',
+        "    " + " ".join([shlex.quote(job.python), "-m", "maxout", "tracking", "end-slurm-job", '"$SLURM_JOB_ID"',
+                          *(shlex.quote(o) for o in job.overrides)]) + " || true",
+        "    exit 143",
+        "}",
+        "trap end_runs TERM",
+        'wait "$srun_pid"',
         ""])
