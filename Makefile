@@ -31,14 +31,14 @@ OUT ?= benchmarks/out/gpu
 GPU_REPLICA ?= /tmp/maxout-gpu-replica
 GPU_REPLICA_PYTHON ?= python3.12
 
-.PHONY: install run test test-fast ui clean lint image image-cpu image-cuda-check image-base-cpu platform-up \
+.PHONY: install run test test-fast ui docs docs-serve clean lint image image-cpu image-cuda-check image-base-cpu platform-up \
 	platform-down check-hardware benchmark audit gpu-wheels gpu-commit gpu-report gpu-rehearsal fuzz
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,demo]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,demo,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -90,6 +90,15 @@ ui: install
 	@echo "maxout: open $$($(BIN)/maxout tracking url --tracking-uri sqlite:///mlflow.db)"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --default-artifact-root ./mlruns \
 	  --host 127.0.0.1 --port 5000
+
+## docs: the documentation site into build/site (mkdocs build --strict: a broken link, a missing page or a warning
+##   fails it); its reference pages are written from the code at build time (docs/hooks/gen_reference.py)
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+## docs-serve: the site at http://127.0.0.1:8000, rebuilt as its pages or the code change
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8000 --watch platform/maxout
 
 ## lint: hadolint on every Dockerfile (settings in .hadolint.yaml; CI runs this before the tests)
 lint: install

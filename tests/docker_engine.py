@@ -182,6 +182,7 @@ def _prepare() -> tuple[subprocess.Popen, Engine]:
                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if build.returncode:
             raise RuntimeError(f"make image-cpu failed:\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}")
+        _prune(host, before=started)
         # The containers the tests start (runc and the job inside) inherit the engine's priority: niced, a job would
         # get a tenth of a core beside the other xdist worker's tests, and runc's set-up would crawl.
         subprocess.run(["renice", "-n", "0", "-g", str(proc.pid)], capture_output=True)
@@ -189,6 +190,17 @@ def _prepare() -> tuple[subprocess.Popen, Engine]:
     except BaseException:
         _stop(proc)
         raise
+
+
+def _prune(host: str, before: Optional[float] = None) -> None:
+    """Remove what each session's build leaves behind on the data root, which outlives it: the image the new build
+    replaced and the builder stage's untagged image (2.6 GB and 3.3 GB; 35 GB had piled up and filled the disk
+    mid-build), and the containers of runs that ended. ``before`` (a time.monotonic() value): only the images made
+    before it, not the build's own builder stage, the cache of a build of the same code."""
+    env = {**os.environ, "DOCKER_HOST": host}
+    since = ["--filter", f"until={int(time.monotonic() - before) + 1}s"] if before is not None else []
+    subprocess.run(["docker", "image", "prune", "-f", *since], env=env, capture_output=True)
+    subprocess.run(["docker", "container", "prune", "-f"], env=env, capture_output=True)
 
 
 def _stop(proc: subprocess.Popen, root: Optional[Path] = None) -> None:
@@ -285,9 +297,9 @@ def engine() -> Iterator[Engine]:
         _stop(proc)
 
 
-def project_copy(dest: Path) -> Path:
+def project_copy(dest: Path, owner: str = USER) -> Path:
     """The working tree as a fresh clone would hold it (tracked files, and new files git does not ignore),
-    owned by the test user."""
+    owned by ``owner`` (the test user, or root)."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                             capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -295,7 +307,7 @@ def project_copy(dest: Path) -> Path:
         if source.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / name)
-    user = pwd.getpwnam(USER)
+    user = pwd.getpwnam(owner)
     for path in [dest, *dest.rglob("*")]:
         os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
     return dest
@@ -337,11 +349,11 @@ def user_python() -> str:
 
 
 def mlflow_run(engine: Engine, project: Path, args: Sequence[str], env: Optional[dict] = None,
-               timeout_s: float = 900) -> subprocess.CompletedProcess:
-    """`mlflow run . ARGS` in ``project``, as the test user, with only the environment a user would have (plus
-    ``env``: a tracking URI, S3 keys)."""
-    user = pwd.getpwnam(USER)
-    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir, "USER": USER, "LOGNAME": USER,
+               timeout_s: float = 900, as_user: str = USER) -> subprocess.CompletedProcess:
+    """`mlflow run . ARGS` in ``project``, as ``as_user`` (the test user, or root), with only the environment a user
+    would have (plus ``env``: a tracking URI, S3 keys)."""
+    user = pwd.getpwnam(as_user)
+    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir, "USER": as_user, "LOGNAME": as_user,
             "LANG": "C.UTF-8", **engine.env}
     command = _as_user(user, engine.user_python, "-m", "mlflow", "run", ".", *args)
     result = subprocess.run(command, cwd=project, env={**base, **(env or {})}, capture_output=True, text=True,

@@ -139,7 +139,7 @@ class Stack:
             yield url, log
 
     def add_user(self, name: str) -> str:
-        """An MLflow account, created by the admin the way the README shows."""
+        """An MLflow account, created by the admin the way docs/how-to/platform.md shows."""
         from unittest import mock
 
         from mlflow.server import get_app_client

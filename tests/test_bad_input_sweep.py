@@ -1,7 +1,7 @@
 """The bad-input sweep: every case is a real command line (plus environment) that a user could type. Each must give
 ONE line on stderr naming the bad value and the fix, exit 2 for usage errors (1 for a missing file or server), and
 leave no MLflow run behind: loading.py and train/prepare.py find them all before a run, a model load or a compile.
-The README's troubleshooting section lists these cases.
+docs/how-to/bad-input.md lists these cases.
 
 Below them, what can only go wrong once a run has started (divergence, a signal while the model is logged) and
 prediction on rows without text: never a FINISHED run with a wrong model, never a model that did not finish

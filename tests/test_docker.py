@@ -131,12 +131,13 @@ def test_training_image_starts_as_root_only_to_hand_over_its_folders_and_finds_t
     assert "HF_HUB_OFFLINE" not in parser.envs  # a model by name downloads; a user passes -e HF_HUB_OFFLINE=1
     assert instructions(runtime, "WORKDIR") == ["/app"]  # the project root: projects/ lives here
     # No USER: the entrypoint starts as root, hands the run's folders and the volumes to the store's owner (or to
-    # uid 10001) and drops to that user; tests/test_mlflow_run.py checks the job never runs as root.
+    # uid 10001) and drops to that user, unless that owner is root; tests/test_mlflow_run.py checks who the job
+    # runs as, for an ordinary user, root and rootless Docker.
     assert instructions(runtime, "USER") == []
     entrypoint = (ROOT / "docker" / "entrypoint.sh").read_text()
     assert entrypoint.rstrip().endswith('exec setpriv --reuid="$uid" --regid="$gid" --clear-groups -- "$@"')
     # `mlflow run` appends its command to `docker run IMAGE`: it replaces CMD and runs through the entrypoint,
-    # which runs it unprivileged (tests/test_mlflow_run.py runs it for real).
+    # which runs it as the store's owner (tests/test_mlflow_run.py runs it for real).
     assert instructions(runtime, "ENTRYPOINT") == ['["/usr/local/bin/maxout-entrypoint"]']
     assert (ROOT / "docker" / "entrypoint.sh").stat().st_mode & 0o111  # executable: COPY keeps the mode
     assert instructions(runtime, "HEALTHCHECK") == ["NONE"]  # a batch job: its exit code is its health

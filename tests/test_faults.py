@@ -1,5 +1,5 @@
 """The fault suite: a user's bad day, tried on purpose, so that the next fault of these kinds is found here and not
-by a user. Each section is a row group of the README's reliability table ("Faults and how to recover").
+by a user. Each section is a row group of the reliability table (docs/how-to/faults.md).
 
 - concurrency: train, hpo and registry commands starting together, on a new store and on an existing one
 - corrupt or partial files: checkpoints, the tracking spool, the batch finder's cache, the HPO journal

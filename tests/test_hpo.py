@@ -79,7 +79,7 @@ class OutOfMemoryAt(Callback):
 
 
 def dashboard_shows(storage: str, study_name: str) -> bool:
-    """`optuna-dashboard <storage>` (the command the README gives) serves the study from the same storage."""
+    """`optuna-dashboard <storage>` (the command docs/tutorials/hpo.md gives) serves the study from the same storage."""
     import os
     import subprocess
     import sys

@@ -178,7 +178,7 @@ def test_train_logs_to_postgres_and_the_bucket_and_the_registry_pull_predicts(mo
 # below until it gets a value here.
 PARAMETER_VALUES = {"hardware": "cpu", "nproc_per_node": "1",
                     "overrides": "model=tiny train.max_steps=2 train.epochs=1 train.log_every=1"}
-# The README's `mlflow run` flags: GPUs in, the tracking server on the host, the login passed by name only.
+# The `mlflow run` flags of docs/how-to/platform.md: GPUs in, the tracking server on the host, the login passed by name only.
 DOCKER_ARGS = ["gpus=all", "network=host", "env-file=docker/run.env"]
 HF_TOKEN = "hf_platformTestTokenByName"  # set in the shell of `mlflow run`: MLproject passes it by name
 

@@ -208,7 +208,7 @@ def test_fsdp_shards_are_written_by_each_rank_committed_whole_verified_and_resto
     assert payload["state"]["step"] == 3 and payload["world_size"] == 2 and len(payload["rng_ranks"]) == 2
     assert "model" not in payload and "optimizer" not in payload  # the weights are in the shards only
 
-    # DCP's own converter makes one file of it (README): the whole model, as it was at step 3
+    # DCP's own converter makes one file of it (docs/tutorials/torchrun.md): the whole model, as it was at step 3
     dcp_to_torch_save(newest, tmp_path / "full.pt")
     whole, at_3 = (torch.load(tmp_path / name, weights_only=True)["model"] for name in ("full.pt", "at_3.pt"))
     assert whole.keys() == at_3.keys() and all(torch.equal(whole[k], v) for k, v in at_3.items())

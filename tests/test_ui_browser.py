@@ -7,7 +7,7 @@ DevTools protocol as benchmarks/ui_screenshot.py does) on a real `mlflow server`
 - the registry's model list holds no ``.lock`` model (the promotion lock's stand-in models).
 
 The page text is read from the DOM after MLflow's React app rendered it (the tables are ARIA grids: rows of
-``columnheader`` / ``gridcell``). Screenshots go to ``$MAXOUT_SCREENSHOTS`` when set (the README's are in
+``columnheader`` / ``gridcell``). Screenshots go to ``$MAXOUT_SCREENSHOTS`` when set (the docs' are in
 benchmarks/screenshots/: ``MAXOUT_SCREENSHOTS=benchmarks/screenshots pytest tests/test_ui_browser.py``), else to the
 test's temporary folder.
 """

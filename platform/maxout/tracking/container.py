@@ -1,5 +1,5 @@
 """When the job runs inside `mlflow run`'s container, a store problem is usually a missing `mlflow run` argument.
-These hints name the argument, so the one-line error says what to add (README: "mlflow run in the CUDA image")."""
+These hints name the argument, so the one-line error says what to add (docs/tutorials/gpu-box.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The param naming scheme every run shares (README, "MLflow params"): ``cfg.<section>.<key>`` for the config,
+"""The param naming scheme every run shares (docs/reference/what-a-run-logs.md): ``cfg.<section>.<key>`` for the config,
 ``device.*`` for the machine. The trainer adds ``opt.*`` (its decisions) and ``derived.*`` (its numbers), the
 HPO parent ``hpo.*``. And the run names: a run is named after its model, its hardware profile and the speed-up
 settings it changes from that profile, so runs that differ in a setting do not all read ``tiny-cpu``.

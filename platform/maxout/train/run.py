@@ -56,7 +56,7 @@ class TrainResult:
 
 
 def run_params(cfg: Config, setup: Setup) -> dict[str, str]:
-    """The naming scheme (README, "MLflow params"): opt.* decisions, cfg.* config, device.*, derived.*."""
+    """The naming scheme (docs/reference/what-a-run-logs.md): opt.* decisions, cfg.* config, device.*, derived.*."""
     params: dict[str, str] = {}
     for decision in setup.decisions:
         params.update(decision.params())
