@@ -175,7 +175,7 @@ def cluster() -> Iterator[Cluster]:
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="maxout-slurm-"))
     tag = f"{os.getpid() % 100000}"
-    net = 20 + os.getpid() % 200
+    net = _free_subnet()
     ctl_addr = f"10.{net}.0.1"
     addrs = {n: f"10.{net}.0.{11 + i}" for i, n in enumerate(NODES)}
     namespaces = {n: f"mx{tag}{n}" for n in NODES}
@@ -253,6 +253,23 @@ def cluster() -> Iterator[Cluster]:
         for link in reversed(links):
             subprocess.run(["ip", "link", "del", link], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _free_subnet() -> int:
+    """N of a 10.N.0.0/24 that no route or address of this machine touches (the bridge must not shadow a network
+    the machine uses), starting from one drawn from the pid (parallel sessions)."""
+    import ipaddress
+
+    used = [ipaddress.ip_network(word, strict=False) for word in
+            subprocess.run(["ip", "-4", "-o", "route"], capture_output=True, text=True).stdout.split()
+            + subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.split()
+            if "/" in word or word.count(".") == 3 and word.replace(".", "").isdigit()]
+    for offset in range(200):
+        net = 20 + (os.getpid() + offset) % 200
+        candidate = ipaddress.ip_network(f"10.{net}.0.0/24")
+        if not any(candidate.overlaps(u) for u in used if u.prefixlen > 0):
+            return net
+    raise RuntimeError("no free 10.N.0.0/24 for the test cluster's bridge")
 
 
 def _wait_for(check, timeout_s: float, what: str, logs=lambda: "") -> None:
