@@ -3,7 +3,8 @@
 # nothing without it): Debian's docker.io (dockerd and a docker client; rootlesskit, uidmap and slirp4netns for its
 # rootless mode), debootstrap (the CPU stand-in's base image, `make image-base-cpu`), and the Docker Compose v2
 # plugin for `docker compose ... config`; and Debian's chromium, for the browser test of the MLflow UI
-# (tests/test_ui_browser.py). Debian 12 ships only Compose v1, so the plugin comes from Debian 13's docker-compose
+# (tests/test_ui_browser.py); and slurm-wlm, munge and iproute2 for the Slurm tests' cluster (tests/test_slurm.py).
+# Debian 12 ships only Compose v1, so the plugin comes from Debian 13's docker-compose
 # package: one Go binary that needs only libc, downloaded with its own apt source list (verified against Debian's
 # archive keys) and unpacked, not installed.
 set -euo pipefail
@@ -22,6 +23,11 @@ command -v chromium >/dev/null || missing+=(chromium)  # tests/test_ui_browser.p
 command -v rootlesskit >/dev/null || missing+=(rootlesskit)
 command -v newuidmap >/dev/null || missing+=(uidmap)
 command -v slirp4netns >/dev/null || missing+=(slirp4netns)
+# tests/test_slurm.py: a two-node Slurm cluster (tests/slurm_cluster.py: munged, slurmctld, two slurmd in network
+# namespaces, which iproute2's `ip` creates)
+command -v slurmctld >/dev/null || missing+=(slurm-wlm)
+command -v munged >/dev/null || missing+=(munge)
+command -v ip >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"

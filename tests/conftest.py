@@ -42,7 +42,7 @@ TINY = ["hardware=cpu", "model=tiny", "tracking=none", "train.max_steps=3", "tra
 # train, which two workers would otherwise each pay for.
 XDIST_GROUPS = {"tests/test_mlflow_run.py": "docker", "tests/test_platform.py": "platform-stack",
                 "tests/test_registry_e2e.py": "registry-server", "tests/test_registry_race.py": "registry-race",
-                "tests/test_distributed_e2e.py": "torchrun"}
+                "tests/test_distributed_e2e.py": "torchrun", "tests/test_slurm.py": "slurm-cluster"}
 LATE_GROUPS = ("docker",)
 
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from maxout import cli
+from maxout.errors import ConfigError
 
 from .conftest import ROOT, runs_in
 
@@ -164,3 +165,17 @@ def test_a_bad_override_is_refused_before_torch_transformers_or_mlflow_is_import
                           cwd=ROOT)
     assert done.returncode == 2 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("train.epochs=1 train.lr=1e-4", ["train.epochs=1", "train.lr=1e-4"]),  # bash (docker backend) unquoted it
+    ("'train.epochs=1 train.lr=1e-4'", ["train.epochs=1", "train.lr=1e-4"]),  # MLflow's Kubernetes backend, no shell
+    ("''", []), ("", []), ("model=tiny", ["model=tiny"]),
+    ("data.name='a b' model=tiny", ["data.name=a b", "model=tiny"])])
+def test_overrides_string_split_like_a_shell_and_unwrapped_once_when_it_arrives_quoted(given, expected):
+    assert cli.split_overrides(["hardware=cpu"], given) == ["hardware=cpu", *expected]
+
+
+def test_overrides_string_with_unbalanced_quotes_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="cannot be split"):
+        cli.split_overrides([], "'train.epochs=1")

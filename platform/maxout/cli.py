@@ -38,9 +38,14 @@ CONFIG_GROUPS = ("hardware", "model", "data", "train", "tracking", "hpo")
 
 def split_overrides(positional: Sequence[str], overrides: Optional[str]) -> list[str]:
     """Positional overrides as given, plus ``--overrides "a=1 b=2"`` split like a shell would (MLproject's
-    free-form parameter arrives as one token)."""
+    free-form parameter arrives as one token). A string that is one shell-quoted token, ``'a=1 b=2'`` or ``''``, is
+    unwrapped once more: MLflow's Kubernetes backend quotes each token of MLproject's command and hands the list to
+    the container without a shell, so the quotes arrive with the value (no override is a whole quoted string)."""
     try:
-        return list(positional) + (shlex.split(overrides) if overrides else [])
+        tokens = shlex.split(overrides) if overrides else []
+        if len(tokens) == 1 and tokens[0] != overrides and shlex.quote(tokens[0]) == overrides:
+            tokens = shlex.split(tokens[0])
+        return list(positional) + tokens
     except ValueError as err:
         raise ConfigError(f"--overrides {overrides!r} cannot be split ({err}); balance its quotes") from None
 
@@ -286,6 +291,51 @@ def cmd_tracking_url(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    """Write the cluster's files for this job: Slurm's sbatch script, or Kubernetes' manifests. The overrides pass
+    the same quick checks `maxout train` runs first, so a typo is refused here, not on the cluster."""
+    from . import loading  # lazy: hydra (start-up)
+
+    overrides = split_overrides(args.overrides, args.overrides_string)
+    early = loading.precheck(overrides)
+    if early:
+        raise combined(early)
+    out = Path(args.out)
+    if args.target == "slurm":
+        from .launch import slurm  # lazy: only this command writes scripts
+
+        job = slurm.SlurmJob(name=args.name, overrides=tuple(overrides), nodes=args.nodes,
+                             gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node, time=args.time,
+                             partition=args.partition or "", python=args.python)
+        out.write_text(slurm.training_script(job))
+        print(f"maxout: wrote {out}; submit it with: sbatch {out}")
+        return 0
+    from .launch import kubernetes  # lazy: only this command writes manifests
+
+    cluster_job = kubernetes.ClusterJob(name=args.name, image=args.image, overrides=tuple(overrides),
+                                        namespace=args.namespace, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                                        cpu=str(args.cpus_per_node), hpo_workers=args.hpo_workers)
+    files = kubernetes.write(cluster_job, out, kube_context=args.kube_context, repository_uri=args.repository_uri)
+    print(f"maxout: wrote {', '.join(str(f) for f in files)}")
+    return 0
+
+
+def cmd_tracking_end_slurm_job(args: argparse.Namespace) -> int:
+    """What a Slurm job's script runs when Slurm stops it (scancel, requeue): srun answers SIGTERM by SIGKILLing the
+    ranks, maybe before rank 0 ended its run, so the job's RUNNING runs end KILLED here."""
+    if not args.job_id.isdigit():
+        raise ConfigError(f"job id {args.job_id!r} is invalid: use a Slurm job id (digits, e.g. $SLURM_JOB_ID)")
+    from . import loading  # lazy: hydra (start-up)
+    from .tracking.mlflow_run import end_running  # lazy: mlflow (start-up)
+    from .train.run import SLURM_JOB_TAG  # lazy: torch (start-up)
+
+    cfg = loading.load(split_overrides(args.overrides, args.overrides_string))
+    ended = end_running(cfg.tracking, SLURM_JOB_TAG, args.job_id, "KILLED", f"Slurm job {args.job_id} stopped")
+    print(f"maxout: Slurm job {args.job_id}: ended {len(ended)} running run(s) as KILLED"
+          + (f": {', '.join(ended)}" if ended else ""))
+    return 0
+
+
 def cmd_tracking_replay(args: argparse.Namespace) -> int:
     from .tracking import spool  # lazy: mlflow (start-up)
 
@@ -489,6 +539,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_audit)
 
+    p = sub.add_parser("launch", help="write a cluster's files for the same job: an sbatch script (slurm) or "
+                                      "Kubernetes manifests (kubernetes)")
+    p.add_argument("target", choices=("slurm", "kubernetes"))
+    _add_overrides(p)
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="slurm: the script's file; kubernetes: the folder for the manifests")
+    p.add_argument("--name", default="maxout", help="the job's name (default: maxout)")
+    p.add_argument("--nodes", type=_positive_int, default=2, metavar="N", help="nodes of the training job (default 2)")
+    p.add_argument("--gpus-per-node", type=int, default=1, metavar="G",
+                   help="GPUs per node, one process each (default 1; 0: CPU, one process per node)")
+    p.add_argument("--cpus-per-node", type=_positive_int, default=8, metavar="C", help="CPU cores per node (default 8)")
+    p.add_argument("--time", default="24:00:00", help="slurm: the time limit (default 24:00:00)")
+    p.add_argument("--partition", default=None, help="slurm: the partition (default: the cluster's)")
+    p.add_argument("--python", default="python", help="slurm: the Python on the nodes that has maxout (a venv's)")
+    p.add_argument("--image", default="maxout:latest", help="kubernetes: the image (make image, pushed)")
+    p.add_argument("--namespace", default="default", help="kubernetes: the namespace (default: default)")
+    p.add_argument("--hpo-workers", type=_positive_int, default=4, metavar="N",
+                   help="kubernetes: pods of the HPO job, one worker each (default 4)")
+    p.add_argument("--kube-context", default="my-cluster", help="kubernetes: kubectl's context, for mlflow run")
+    p.add_argument("--repository-uri", default="registry.example.com/maxout",
+                   help="kubernetes: where mlflow run pushes the image it builds")
+    p.set_defaults(func=cmd_launch)
+
     p = sub.add_parser("tracking", help="tracking utilities")
     tracking_sub = p.add_subparsers(dest="tracking_command", required=True, metavar="SUBCOMMAND")
     p = tracking_sub.add_parser("replay", help="send what a run spooled while its tracking server was away")
@@ -502,6 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the experiment (default: MLFLOW_EXPERIMENT_NAME, else maxout)")
     p.add_argument("--run", default=None, metavar="RUN_ID", help="a run's page instead")
     p.set_defaults(func=cmd_tracking_url)
+    p = tracking_sub.add_parser("end-slurm-job", help="end the RUNNING runs of a stopped Slurm job as KILLED (the "
+                                                      "sbatch scripts of maxout.launch.slurm run it on scancel)")
+    p.add_argument("job_id", metavar="JOB_ID", help="the Slurm job id ($SLURM_JOB_ID)")
+    _add_overrides(p)
+    p.set_defaults(func=cmd_tracking_end_slurm_job)
     return parser
 
 

@@ -306,6 +306,21 @@ def fail_if_running(cfg: TrackingConfig, run_id: str, reason: str) -> None:
     spool_mod.retry_busy(lambda: client.set_terminated(run_id, "FAILED"))
 
 
+def end_running(cfg: TrackingConfig, tag: str, value: str, status: str, reason: str) -> list[str]:
+    """End every RUNNING run of the experiment whose ``tag`` is ``value`` with ``status``; returns their ids. For
+    runs whose processes were killed before they could end them (a cancelled Slurm job's)."""
+    client = mlflow.MlflowClient(tracking_uri=resolve_uri(cfg)[0])
+    experiment = client.get_experiment_by_name(cfg.experiment_name)
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id],
+                              f"tags.`{tag}` = '{value}' and attributes.status = 'RUNNING'")
+    for run in runs:
+        spool_mod.retry_busy(lambda: client.set_tag(run.info.run_id, "maxout.status_reason", redact(reason)[:5000]))
+        spool_mod.retry_busy(lambda: client.set_terminated(run.info.run_id, status))
+    return [run.info.run_id for run in runs]
+
+
 def dataset_input(data: DataInput) -> DatasetInput:
     """``data`` as an MLflow dataset input: an ``mlflow.data`` dataset that holds its metadata (the rows stay in
     their file), sourced from that file, with the fingerprint as its digest and its role as the input's context."""

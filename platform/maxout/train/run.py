@@ -17,6 +17,7 @@ NullTracker. A failure on any rank ends the run FAILED naming that rank.
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import tempfile
@@ -223,7 +224,7 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
         tracker = start(cfg.tracking, run_name=run_name(cfg),
                         tags={"maxout.command": "train", "maxout.hardware_profile": cfg.hardware.name,
                               "maxout.model": cfg.model.name, "maxout.data": cfg.data.name,
-                              "maxout.run_key": resuming.run_key},
+                              "maxout.run_key": resuming.run_key, **slurm_tags()},
                         run_id=resuming.run_id)
         distributed.announce_run(tracker.run_id, cfg.tracking)  # for the --nproc-per-node launcher
     elif owned:
@@ -292,3 +293,13 @@ class _no_close:
     def __exit__(self, kind: object, err: Optional[BaseException], tb: object) -> None:
         if err is not None and not isinstance(err, (KeyboardInterrupt, Terminated)):
             self.tracker.set_tags({"maxout.error": f"{type(err).__name__}: {err}"[:2000]})
+
+
+def slurm_tags() -> dict:
+    """The Slurm job a run belongs to, when a Slurm job runs it: `maxout tracking end-slurm-job` finds the runs of a
+    cancelled job by it (srun SIGKILLs the ranks on scancel, maybe before rank 0 ends its run)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return {SLURM_JOB_TAG: job} if job else {}
+
+
+SLURM_JOB_TAG = "maxout.slurm_job_id"
