@@ -14,7 +14,7 @@ import torch
 
 from maxout import loading
 from maxout.train import checkpointing, resume
-from maxout.errors import ConfigError, DataError, MaxoutError
+from maxout.errors import ConfigError, DataError, MaxoutError, Terminated
 from maxout.tracking.tracker import NullTracker
 from maxout.train import Callback, train
 
@@ -147,6 +147,33 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(tmp_path, m
     assert torch.equal(checkpointing.load(good)["w"], torch.ones(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000003.pt.tmp-99", "step-00000001.pt",
                                                           "step-00000001.pt.sha256"]
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
+def test_a_signal_inside_torch_save_stops_the_run_with_its_own_exception(tmp_path, monkeypatch, stop):
+    """Ctrl-C, SIGTERM or the audit's budget timer landing inside torch.save (in the middle of a record): torch's
+    zip writer, closing on the way out, raised "unexpected pos ..." over the stop, and the run ended FAILED on a
+    RuntimeError instead of KILLED (a full run failed test_audit's budget test on it). The stop comes through."""
+    writes = []
+    real = checkpointing._Hashing.write
+
+    def interrupted(self, data):
+        writes.append(len(data))
+        if len(writes) == 3:  # inside the first tensor's record, as a signal lands
+            raise stop()
+        return real(self, data)
+
+    monkeypatch.setattr(checkpointing._Hashing, "write", interrupted)
+    with pytest.raises(stop):
+        checkpointing.save_atomic({"format": checkpointing.FORMAT, "w": torch.zeros(10_000)},
+                                  tmp_path / checkpointing.file_name(1))
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, no temporary file
+
+    writes.clear()
+    stop = ValueError  # an error, not a stop: torch's own RuntimeError over it is what the caller gets, as before
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        checkpointing.save_atomic({"format": checkpointing.FORMAT, "w": torch.zeros(10_000)},
+                                  tmp_path / checkpointing.file_name(2))
 
 
 def test_each_checkpoint_has_the_sha256_of_its_bytes_beside_it(tmp_path):

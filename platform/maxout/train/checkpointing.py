@@ -108,9 +108,15 @@ def save_atomic(payload: dict, path: Path) -> Path:
             hashing = _Hashing(f)
             try:
                 torch.save(payload, hashing)
-            except RuntimeError:
+            except RuntimeError as err:
                 if hashing.error is not None:  # a full or read-only disk: say that, not torch's wrapper
                     raise hashing.error from None
+                stop = err.__context__
+                if stop is not None and not isinstance(stop, Exception):
+                    # A stop that a signal raised inside torch.save (Ctrl-C, SIGTERM, the audit's budget timer):
+                    # torch's zip writer, closing on the way out, raised its own error over it ("unexpected pos"),
+                    # and the run would end FAILED on that instead of KILLED on the stop.
+                    raise stop from None
                 raise
             f.flush()
             os.fsync(f.fileno())
