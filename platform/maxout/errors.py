@@ -55,12 +55,17 @@ class Terminated(BaseException):
     of left RUNNING. A BaseException: ``except Exception`` blocks must not swallow it."""
 
 
-# SIGINT or SIGTERM, once a handler raised for it (cli.py). Python runs a signal handler wherever the main thread
-# is: inside a finalizer or a weakref callback, where the exception it raises is printed ("Exception ignored in
-# ...") and dropped, so the run trained on and finished (issue 36 saw it under load: a Ctrl-C during evaluation,
-# a Ctrl-C to an HPO supervisor). What a handler raised for is kept here, and the safe points (each step's end,
-# each evaluation, before the model is logged, the supervisor's polls) raise it again if it got lost.
-_stop_signal: Optional[int] = None
+# The stop asked for, raised again at the next safe point (each step's end, each evaluation, before the model is
+# logged, the supervisor's polls). Two kinds of request:
+# - SIGINT or SIGTERM, once a handler raised for it (cli.py). Python runs a signal handler wherever the main thread
+#   is: inside a finalizer or a weakref callback, where the exception it raises is printed ("Exception ignored in
+#   ...") and dropped, so the run trained on and finished (issue 36 saw it under load: a Ctrl-C during evaluation,
+#   a Ctrl-C to an HPO supervisor). What a handler raised for is kept here.
+# - a stop that must not be raised wherever a signal lands (the audit's budget timer): only asked for here, and
+#   raised at the next safe point. An exception raised in the middle of torch's code breaks its state: a torch
+#   function mode half pushed ("trying to pop from empty mode stack", and every later compile in the process
+#   recompiled), a checkpoint's zip record half written.
+_stop: Optional[Callable[[], BaseException]] = None
 
 
 def stop_error(signum: int) -> BaseException:
@@ -68,23 +73,35 @@ def stop_error(signum: int) -> BaseException:
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
 
+def request_stop(make: Callable[[], BaseException]) -> None:
+    """Ask this process to stop at its next safe point, with ``make()``'s exception (the first request wins)."""
+    global _stop
+    _stop = _stop or make
+
+
 def stop_requested(signum: int) -> BaseException:
     """Record that ``signum`` (SIGINT or SIGTERM) asked this process to stop; the exception to raise for it."""
-    global _stop_signal
-    _stop_signal = _stop_signal or signum
+    request_stop(lambda: stop_error(signum))
     return stop_error(signum)
 
 
 def raise_if_stop_requested() -> None:
-    """At a safe point: raise the stop a signal asked for, in case the handler's exception was dropped."""
-    if _stop_signal is not None:
-        raise stop_error(_stop_signal)
+    """At a safe point: raise the stop asked for (a signal's, in case the handler's exception was dropped)."""
+    if _stop is not None:
+        raise _stop()
+
+
+def withdraw_stop_request(make: Callable[[], BaseException]) -> None:
+    """``make``'s request, if it is the one pending, is gone: what it was to stop has ended (the audit's timer)."""
+    global _stop
+    if _stop is make:
+        _stop = None
 
 
 def forget_stop_request() -> None:
     """A new command in this process (cli.main, called again in-process) starts with no stop asked."""
-    global _stop_signal
-    _stop_signal = None
+    global _stop
+    _stop = None
 
 
 class OutOfMemory(HardwareError):

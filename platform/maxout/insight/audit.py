@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from .. import hardware, loading, modeling
+from .. import errors, hardware, loading, modeling
 from ..config import Config
 from ..data import Dataset, Origin
 from ..errors import ConfigError, Terminated, first_line
@@ -70,15 +70,18 @@ MEASURED, NOT_REACHED, FAILED = "measured", "not reached", "failed"
 
 
 class BudgetSpent(Terminated):
-    """The audit's budget ran out in the middle of a run. Raised by its own timer in the main thread; a Terminated,
-    so the run is closed as KILLED, and a BaseException, so no library takes it for an error of its own and carries
-    on (compile falling back to eager, say)."""
+    """The audit's budget ran out in the middle of a run. Raised at the training loop's next safe point once its
+    timer rang; a Terminated, so the run is closed as KILLED, and a BaseException, so no library takes it for an
+    error of its own and carries on."""
 
 
 @contextlib.contextmanager
 def budget_timer(seconds: float) -> Iterator[None]:
-    """Raise BudgetSpent in this thread after ``seconds`` (right away when none are left). Signals reach only the
-    main thread: elsewhere the estimates alone keep the budget."""
+    """Stop the run in this thread once ``seconds`` have passed (right away when none are left): BudgetSpent at the
+    training loop's next safe point, the end of the step (or evaluation) in which the time ran out. Not raised by
+    the timer's signal handler itself: raised wherever the signal lands, inside torch, it broke torch's state (a
+    torch function mode half pushed, then every compile in the process recompiled; a checkpoint's zip record half
+    written), errors.py. Signals reach only the main thread: elsewhere the estimates alone keep the budget."""
     if seconds <= 0:
         raise BudgetSpent()
     if threading.current_thread() is not threading.main_thread():
@@ -86,7 +89,7 @@ def budget_timer(seconds: float) -> Iterator[None]:
         return
 
     def ring(signum: int, frame: Any) -> None:
-        raise BudgetSpent()
+        errors.request_stop(BudgetSpent)
 
     previous = signal.signal(signal.SIGALRM, ring)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -95,6 +98,7 @@ def budget_timer(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        errors.withdraw_stop_request(BudgetSpent)  # rang after the last safe point, or raised: either way, over
 
 
 def check_budget(budget_s: float, steps: int) -> None:
