@@ -53,9 +53,10 @@ def _pg_bindir() -> Path:
 
 
 @contextlib.contextmanager
-def postgres(password: Optional[str] = None) -> Iterator[str]:
+def postgres(password: Optional[str] = None, listen: Sequence[str] = ()) -> Iterator[str]:
     """A fresh PostgreSQL cluster; yields a SQLAlchemy URL for database ``postgres`` (loopback). Trust auth, or
-    with ``password``: TCP logins must give it (scram-sha-256), as on a real server."""
+    with ``password``: TCP logins must give it (scram-sha-256), as on a real server. ``listen``: more addresses it
+    listens on, with logins from their /24 allowed (the Slurm test cluster's nodes reach it on its bridge)."""
     bindir = _pg_bindir()
     root = Path(tempfile.mkdtemp(prefix="maxout-pg-"))
     as_pg = ["su", "postgres", "-c"] if os.geteuid() == 0 else ["bash", "-c"]
@@ -69,7 +70,11 @@ def postgres(password: Optional[str] = None) -> Iterator[str]:
         for path in (root, *root.iterdir()):
             shutil.chown(path, "postgres", "postgres")
     subprocess.run([*as_pg, f"{bindir}/initdb -D {data} {auth} -U postgres"], check=True, capture_output=True)
-    subprocess.run([*as_pg, f"{bindir}/pg_ctl -D {data} -o '-p {port} -k {root} -c listen_addresses=127.0.0.1' "
+    method = "scram-sha-256" if password else "trust"
+    with open(data / "pg_hba.conf", "a") as hba:
+        hba.writelines(f"host all all {address}/24 {method}\n" for address in listen)
+    addresses = ",".join(("127.0.0.1", *listen))
+    subprocess.run([*as_pg, f"{bindir}/pg_ctl -D {data} -o '-p {port} -k {root} -c listen_addresses={addresses}' "
                             f"-l {log} -w start"], check=True, capture_output=True)
     try:
         yield f"postgresql+psycopg2://postgres{':' + password if password else ''}@127.0.0.1:{port}/postgres"

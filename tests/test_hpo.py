@@ -402,6 +402,82 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
         assert dashboard_shows(optuna_url, "shared")
 
 
+def test_a_worker_that_lost_the_race_to_create_the_tables_opens_the_storage_again(tmp_path, monkeypatch):
+    """Each worker's Optuna creates the storage's tables on a new database. Started together (a Slurm array's tasks:
+    the array test failed on it), all but one failed on PostgreSQL's own unique index and stopped with "HPO storage
+    unreachable": two processes opening optuna.storages.RDBStorage at the same moment on a fresh PostgreSQL database
+    raised `IntegrityError (psycopg2.errors.UniqueViolation) duplicate key value violates unique constraint
+    "pg_type_typname_nsp_index"` in 2 of 6 tries. The race, made certain here: the first attempt loses it; the
+    worker opens the storage again, whose tables now exist."""
+    import optuna
+    import sqlalchemy
+
+    from maxout.hpo import storage as storage_mod
+
+    real, lost = optuna.storages.RDBStorage, []
+
+    def racing(*args, **kwargs):
+        if not lost:
+            lost.append(True)
+            raise sqlalchemy.exc.IntegrityError("CREATE TABLE studies ...", {}, Exception(
+                'duplicate key value violates unique constraint "pg_type_typname_nsp_index"'))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    cfg = loading.load(["hardware=cpu", "model=tiny", "hpo=default", "tracking=none",
+                        f"hpo.storage=sqlite:///{tmp_path / 'optuna.db'}"])
+    storage = storage_mod.open_storage(cfg.hpo, cfg.tracking)
+    assert lost == [True] and isinstance(storage, real)
+
+
+@pytest.mark.slow
+def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_shared(tmp_path, small_data):
+    """hpo.parent=shared, what a Slurm job array's tasks and a Kubernetes Job's pods run: two `maxout hpo` processes
+    of one PostgreSQL study, started at the same moment (tests/job_race.py), nest every trial under ONE parent run:
+    one creates it (under the study's advisory lock), the other joins it, and the last to leave ends it FINISHED
+    with the study's summary. Before: each invocation had a parent run of its own."""
+    import os
+    import subprocess
+    import sys
+
+    import optuna
+
+    from maxout.hpo import shared_parent
+
+    from .conftest import ROOT
+    from .services import create_database, postgres
+
+    with pytest.raises(ConfigError, match="hpo.parent=shared runs one worker per invocation"):
+        loading.load([*BASE, *small_data, "hpo.parent=shared", "hpo.workers=2"])
+    with postgres() as server:
+        optuna_url, mlflow_url = create_database(server, "optuna"), create_database(server, "mlflow")
+        mlflow.MlflowClient(mlflow_url).search_experiments()  # the schema, as a tracking server would own it
+        overrides = [*BASE, *small_data, "train.epochs=1", f"tracking.uri={mlflow_url}",
+                     f"tracking.artifact_location={(tmp_path / 'art').as_uri()}", "tracking.system_metrics=false",
+                     f"hpo.storage={optuna_url}", "hpo.study_name=array", "hpo.n_trials=4", "hpo.pruner.name=none",
+                     "hpo.log_models=none", "hpo.parent=shared"]
+        ready = tmp_path / "ready"
+        ready.mkdir()
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, "-m", "tests.job_race", str(ready), "2", "hpo", *overrides,
+                                   "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+        logs = [proc.communicate(timeout=600)[0] for proc in procs]
+        assert [proc.returncode for proc in procs] == [0, 0], [log[-3000:] for log in logs]
+        assert sorted("created its shared parent run" in log for log in logs) == [False, True], logs
+
+        runs = runs_in(mlflow_url)
+        (parent,) = [r for r in runs if r.data.tags.get("maxout.command") == "hpo"]
+        assert parent.info.status == "FINISHED" and parent.data.metrics["hpo/trials_complete"] >= 4
+        trials = [r for r in runs if "maxout.hpo.trial_number" in r.data.tags]
+        assert len(trials) >= 4 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent.info.run_id}
+        assert {r.info.status for r in runs} == {"FINISHED"}
+        study = optuna.load_study(study_name="array", storage=optuna_url)
+        assert study._storage.get_study_system_attrs(study._study_id)[shared_parent.PARENT_ATTR] == parent.info.run_id
+        assert len({t.user_attrs["worker"] for t in study.trials}) == 2  # both processes ran trials
+        assert sum("ends the shared parent run" in log for log in logs) <= 1  # the first to leave left it
+
+
 @pytest.mark.slow
 def test_trials_report_within_epochs_and_the_parent_plots_every_trials_curve(mlflow_store, small_data, monkeypatch):
     """Reports every half epoch: 3 steps per epoch, 2 epochs -> evaluations after steps 2, 3, 5 and 6, so 4 reports

@@ -219,7 +219,8 @@ def test_container_command_is_what_maxout_accepts_and_passes_its_pre_run_checks(
     (container,) = containers(obj)
     argv = maxout_argv(container)
     assert argv[0] == ("hpo" if kind == "hpo" else "train")
-    assert argv[1:-1] == ["tracking=server", *JOB.overrides] and argv[-1] == "--no-progress"
+    shared = ["hpo.parent=shared"] if kind == "hpo" else []  # the pods share one parent run
+    assert argv[1:-1] == ["tracking=server", *JOB.overrides, *shared] and argv[-1] == "--no-progress"
     assert prechecked(argv, monkeypatch) == []
 
 

@@ -127,6 +127,52 @@ def test_scancel_ends_the_run_and_leaves_no_process_on_either_node(cluster, tmp_
     assert checkpoints(tmp_path)  # kept: a new submission with resume=auto continues it
 
 
+def test_an_hpo_job_array_on_one_postgresql_study_nests_every_trial_under_one_parent_run(cluster, tmp_path,
+                                                                                         mlflow_store):
+    """`maxout launch slurm-hpo`'s script, sbatch'ed: an array of two tasks, one worker on each node, on one study in
+    a PostgreSQL server the nodes reach over their bridge (MAXOUT_HPO_STORAGE from the environment sbatch runs in).
+    hpo.parent=shared: one parent run, FINISHED with the study's summary, every trial nested under it."""
+    import optuna
+
+    from maxout import cli
+    from maxout.hpo import shared_parent
+
+    from .services import create_database, postgres
+
+    rows = pd.read_csv(ROOT / "projects/nli_demo/data/train.csv")
+    rows.iloc[:32].to_csv(tmp_path / "train.csv", index=False)
+    rows.iloc[32:48].to_csv(tmp_path / "validation.csv", index=False)
+    script = tmp_path / "hpo.sbatch"
+    assert cli.main(["launch", "slurm-hpo", "hardware=cpu", "model=tiny", "hpo=default", "train.epochs=1",
+                     "train.batch_size=4", f"data.train_path={tmp_path / 'train.csv'}",
+                     f"data.validation_path={tmp_path / 'validation.csv'}", "hpo.study_name=array", "hpo.n_trials=4",
+                     "hpo.pruner.name=none", "hpo.log_models=none", *mlflow_store["overrides"], "--name", "mx-hpo",
+                     "--hpo-workers", "2", "--gpus-per-node", "0", "--cpus-per-node", "2", "--time", "10:00",
+                     "--python", sys.executable, "--out", str(script)]) == 0
+    text = script.read_text()
+    assert "#SBATCH --array=0-1" in text and "hpo.parent=shared" in text and "postgresql" not in text
+    script.write_text(text.replace("--output=%x-%A_%a.out", f"--output={tmp_path}/%x-%A_%a.out"))  # each task's log
+    with postgres(listen=(cluster.controller_addr,)) as server:
+        optuna_url = create_database(server, "optuna").replace("127.0.0.1", cluster.controller_addr)
+        job_id = cluster.sbatch(script, f"--chdir={ROOT}", env={**JOB_ENV, "MAXOUT_HPO_STORAGE": optuna_url})
+        assert cluster.wait_array(job_id, 300) == []
+        states = [cluster.state(f"{job_id}_{task}") for task in (0, 1)]
+        outputs = {task: (tmp_path / f"mx-hpo-{job_id}_{task}.out").read_text() for task in (0, 1)}
+        assert states == ["COMPLETED", "COMPLETED"], (states, outputs, cluster.logs())
+        study = optuna.load_study(study_name="array", storage=optuna_url)
+        (parent,) = [r for r in runs_in(mlflow_store["uri"]) if r.data.tags.get("maxout.command") == "hpo"]
+        assert study._storage.get_study_system_attrs(study._study_id)[shared_parent.PARENT_ATTR] == parent.info.run_id
+        assert len({t.user_attrs["worker"] for t in study.trials}) == 2  # each task ran trials
+    nodes = {task: next(word for word in out.split() if word in ("n1", "n2")) for task, out in outputs.items()}
+    assert sorted(nodes.values()) == ["n1", "n2"], outputs  # one worker on each node
+    assert sorted("created its shared parent run" in out for out in outputs.values()) == [False, True]
+    assert parent.info.status == "FINISHED" and parent.data.metrics["hpo/trials_complete"] >= 4
+    runs = runs_in(mlflow_store["uri"])
+    trials = [r for r in runs if "maxout.hpo.trial_number" in r.data.tags]
+    assert len(trials) >= 4 and {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent.info.run_id}
+    assert {r.info.status for r in runs} == {"FINISHED"}
+
+
 def test_training_script_is_what_torchrun_and_maxout_accept():
     """The script's srun line as bash expands it on a node (the program printing its argv instead of exec'ing
     it), through torchrun's and maxout's parsers and the pre-run checks."""

@@ -297,17 +297,20 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from . import loading  # lazy: hydra (start-up)
 
     overrides = split_overrides(args.overrides, args.overrides_string)
-    early = loading.precheck(overrides)
+    # slurm-hpo's tasks run `maxout hpo`, which selects hpo=default unless an hpo=... is given: checked the same way
+    selects_hpo = args.target == "slurm-hpo" and not any(o.lstrip("+").startswith("hpo=") for o in overrides)
+    early = loading.precheck((["hpo=default"] if selects_hpo else []) + overrides)
     if early:
         raise combined(early)
     out = Path(args.out)
-    if args.target == "slurm":
+    if args.target in ("slurm", "slurm-hpo"):
         from .launch import slurm  # lazy: only this command writes scripts
 
         job = slurm.SlurmJob(name=args.name, overrides=tuple(overrides), nodes=args.nodes,
                              gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node, time=args.time,
                              partition=args.partition or "", python=args.python)
-        out.write_text(slurm.training_script(job))
+        out.write_text(slurm.training_script(job) if args.target == "slurm" else
+                       slurm.hpo_array_script(job, args.hpo_workers))
         print(f"maxout: wrote {out}; submit it with: sbatch {out}")
         return 0
     from .launch import kubernetes  # lazy: only this command writes manifests
@@ -539,9 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_audit)
 
-    p = sub.add_parser("launch", help="write a cluster's files for the same job: an sbatch script (slurm) or "
-                                      "Kubernetes manifests (kubernetes)")
-    p.add_argument("target", choices=("slurm", "kubernetes"))
+    p = sub.add_parser("launch", help="write a cluster's files for the same job: an sbatch script (slurm: the "
+                                      "training job; slurm-hpo: an HPO job array) or Kubernetes manifests (kubernetes)")
+    p.add_argument("target", choices=("slurm", "slurm-hpo", "kubernetes"))
     _add_overrides(p)
     p.add_argument("--out", required=True, metavar="PATH",
                    help="slurm: the script's file; kubernetes: the folder for the manifests")
@@ -556,7 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", default="maxout:latest", help="kubernetes: the image (make image, pushed)")
     p.add_argument("--namespace", default="default", help="kubernetes: the namespace (default: default)")
     p.add_argument("--hpo-workers", type=_positive_int, default=4, metavar="N",
-                   help="kubernetes: pods of the HPO job, one worker each (default 4)")
+                   help="HPO workers of one study, sharing one parent run: the tasks of slurm-hpo's array, the pods "
+                        "of kubernetes' HPO job (default 4)")
     p.add_argument("--kube-context", default="my-cluster", help="kubernetes: kubectl's context, for mlflow run")
     p.add_argument("--repository-uri", default="registry.example.com/maxout",
                    help="kubernetes: where mlflow run pushes the image it builds")

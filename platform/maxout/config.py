@@ -52,6 +52,7 @@ REGISTRY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("hyperband", "none")
 LOG_MODELS = ("best", "all", "none")
+HPO_PARENTS = ("own", "shared")
 
 # Set while Config.problems() runs: _check records each problem there instead of raising on the first one.
 _problems: ContextVar[Optional[list]] = ContextVar("maxout_config_problems", default=None)
@@ -467,6 +468,9 @@ class HpoConfig:
     # Worker processes of the study on this machine, sharing its device (hpo/placement.py): an int, or auto (a
     # short measurement of the trials' throughput at 1, 2, 4, ... workers picks it: hpo/auto_workers.py).
     workers: Any = 1
+    # own: one parent run per invocation (its --workers share it) | shared: every invocation of the study that
+    # starts on its own (a Slurm job array's tasks, a Kubernetes Job's pods) joins one parent run (hpo/shared_parent.py)
+    parent: str = "own"
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     search_space: dict = field(default_factory=dict)  # config key -> {type: float|int|categorical, ...}
@@ -495,6 +499,10 @@ class HpoConfig:
         _check(self.workers == "auto" or (isinstance(self.workers, int) and not isinstance(self.workers, bool)
                                           and self.workers >= 1),
                f"hpo.workers={self.workers!r} is not valid (valid: an integer >= 1, or auto)")
+        _check(self.parent in HPO_PARENTS, f"hpo.parent={one_of(self.parent, HPO_PARENTS)}")
+        _check(self.parent == "own" or self.workers == 1,
+               f"hpo.parent=shared runs one worker per invocation, not hpo.workers={self.workers!r}: start more "
+               f"invocations (array tasks, pods) instead")
         self.sampler.validate()  # _check collects: every bad value of both sub-sections is listed too
         self.pruner.validate()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -36,6 +37,9 @@ from ..tracking.store import resolve_uri
 
 CONNECT_TIMEOUT_S = 5  # an unreachable database fails in seconds, not after driver-default minutes
 log = logging.getLogger("maxout")
+
+
+SCHEMA_ATTEMPTS = 4  # opening an RDB storage whose tables another worker was creating at the same moment
 
 
 def store_dir(tracking_cfg: TrackingConfig) -> Path:
@@ -72,13 +76,22 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig, supervised: bool 
     if where.startswith(("postgresql", "mysql")):
         engine_kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     try:
-        with warnings.catch_warnings():  # heartbeats are marked experimental; they are what makes retries work
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                where, engine_kwargs=engine_kwargs, heartbeat_interval=hpo.heartbeat_interval_s,
-                grace_period=hpo.grace_period_s,
-                heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg,
-                                                              end_parent=not supervised))
+        for attempt in range(SCHEMA_ATTEMPTS):
+            try:
+                with warnings.catch_warnings():  # heartbeats are marked experimental; they make retries work
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    return optuna.storages.RDBStorage(
+                        where, engine_kwargs=engine_kwargs, heartbeat_interval=hpo.heartbeat_interval_s,
+                        grace_period=hpo.grace_period_s,
+                        heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg,
+                                                                      end_parent=not supervised))
+            except Exception as err:
+                # Workers starting together on a new database (a Slurm array's tasks, a Job's pods) each create
+                # Optuna's tables, and all but one fail on the database's own unique index ("duplicate key value
+                # violates unique constraint pg_type_typname_nsp_index"): the tables exist now, so open it again.
+                if attempt + 1 == SCHEMA_ATTEMPTS or "IntegrityError" not in type(err).__name__:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
     except Exception as err:  # sqlalchemy's OperationalError / ArgumentError, a missing driver, ...
         first = first_line(err)
         if "import" in first.lower():  # SQLAlchemy 2.1 maps postgresql:// to psycopg 3, which is not installed

@@ -27,17 +27,18 @@ from optuna.trial import TrialState
 
 from .. import hardware, loading
 from ..config import Config, HpoConfig, to_dict
-from ..errors import ConfigError
+from ..errors import ConfigError, Terminated, first_line
 from ..registry import promotion
 from ..registry.client import client_for
 from ..tracking.params import config_params, flatten
 from ..tracking.redact import redact
-from ..tracking.tracker import closing, start
+from ..tracking.store import resolve_uri
+from ..tracking.tracker import Tracker, closing, start
 from ..optimizations import accumulation
 from ..train import Callback, prepare
 from ..train.evaluate import evaluation_steps
 from ..train.setup import planned_steps
-from . import auto_workers, placement, report, search_space, storage as storage_mod, supervisor
+from . import auto_workers, placement, report, search_space, shared_parent, storage as storage_mod, supervisor
 from .folds import kfold
 from .objective import WORKER, Objective
 from .report import BestTrial
@@ -247,29 +248,32 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
     pruner = build_pruner(hpo, top)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # maxout prints one line per trial instead
     where = storage_mod.location(hpo, cfg.tracking)
-    storage = storage_mod.open_storage(hpo, cfg.tracking, supervised=under is not None)
+    if hpo.parent == "shared":
+        shared_parent.check(where)
+    # A lost trial's callback ends its worker's parent run too, unless that parent is another process's to end.
+    storage = storage_mod.open_storage(hpo, cfg.tracking, supervised=under is not None or hpo.parent == "shared")
     study = open_study(hpo, storage, where, build_sampler(hpo), pruner)
     cache = storage_mod.compile_cache(hpo, cfg.tracking)
 
-    def objective(parent_run_id: Optional[str]) -> Objective:
+    def objective(parent_run_id: Optional[str], under: Optional[str] = under,
+                  stop: Optional[supervisor.StopRequested] = stop) -> Objective:
+        """The trials' objective; ``stop``: the safe-point stop its trainings check at each step and evaluation."""
         return Objective(overrides, specs, hpo, dataset, folds, device, parent_run_id,
                          storage_mod.heartbeats(storage), [*callbacks, *([stop] if stop else [])], progress, base=cfg,
-                         under=under or None, supervised=under is not None)
+                         under=under or None, supervised=supervisor.worker_parent() is not None)
 
     if stop is not None:  # a worker: its supervisor owns the parent run ("" when the study tracks nothing)
         optimize(study, objective(under or None), hpo, after_trial=[stop.after_trial])
         return StudyResult(hpo.study_name, redact(where), under or None, None, worker=True)
 
-    left = None if hpo.n_trials is None else hpo.n_trials - finished(study)
-    choice = auto_workers.resolve(hpo.workers, overrides, cfg, device,
-                                  storage_mod.store_dir(cfg.tracking) / "hpo_workers.json", left=left)
-    workers, reason = choice.workers, choice.reason
-    slots = placement.slots(workers, device) if workers > 1 else []
-    parent = start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False,
-                   tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name, "maxout.hpo.storage": where,
-                         "maxout.hpo.worker": WORKER, "maxout.hpo.workers": workers, "maxout.model": cfg.model.name,
-                         "maxout.data": cfg.data.name})
-    with closing(parent):
+    def new_parent(workers: int, detached: bool = False) -> Tracker:
+        return start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False, detached=detached,
+                     tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name,
+                           "maxout.hpo.storage": where, "maxout.hpo.worker": WORKER, "maxout.hpo.workers": workers,
+                           "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
+
+    def describe(parent: Tracker, workers: int, reason: str) -> None:
+        """The study's config and search space, on its parent run."""
         tree = to_dict(cfg)
         params = config_params(cfg)
         params.update(flatten({k: v for k, v in tree["hpo"].items() if k != "search_space"}, "hpo"))
@@ -279,20 +283,24 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
                        "hpo.workers_effective": workers, "hpo.workers_reason": reason[:6000]})
         parent.log_params(params)
         parent.log_dict(tree, "config.yaml")
+
+    if hpo.parent == "shared":
+        return run_shared(cfg, study, where, objective, new_parent, describe, on_best)
+
+    left = None if hpo.n_trials is None else hpo.n_trials - finished(study)
+    choice = auto_workers.resolve(hpo.workers, overrides, cfg, device,
+                                  storage_mod.store_dir(cfg.tracking) / "hpo_workers.json", left=left)
+    workers, reason = choice.workers, choice.reason
+    slots = placement.slots(workers, device) if workers > 1 else []
+    parent = new_parent(workers)
+    with closing(parent):
+        describe(parent, workers, reason)
         print(f"maxout: study {hpo.study_name!r} in {redact(where)}: {finished(study)} finished trials; "
               f"{len(specs)} hyper-parameters, k_folds={hpo.k_folds}; {workers} worker(s) ({reason})"
               + (f": {'; '.join(slot.describe() for slot in slots)}" if slots else ""), file=sys.stderr)
         try:
             if workers == 1:
-                # Ctrl-C and SIGTERM at a safe point here too: a KeyboardInterrupt raised wherever the signal lands
-                # can be dropped by Python inside a weakref callback, and the study trained on until SIGKILL (the
-                # GPU report's smoke, one worker, under load: issue 36).
-                stop = supervisor.StopRequested().install()
-                try:
-                    optimize(study, objective(parent.run_id), hpo, after_trial=[stop.after_trial])
-                    stop.check()  # asked between trials, or after the last: the study ends as stopped, not done
-                finally:
-                    stop.uninstall()
+                optimize_here(study, lambda stop: objective(parent.run_id, stop=stop), hpo)
             else:
                 supervisor.supervise(study, slots, overrides, parent.run_id, cfg, until(hpo))
         finally:  # the summary also lands on a study that stopped on a failed trial
@@ -300,6 +308,71 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
         if best is not None:
             on_best(cfg, best)
     return StudyResult(hpo.study_name, redact(where), parent.run_id, best, summary)
+
+
+def optimize_here(study: Any, objective: Callable[[supervisor.StopRequested], Objective], hpo: HpoConfig) -> None:
+    """The study's trials in this process, until it is done, with Ctrl-C and SIGTERM taken at a safe point (the
+    trials' trainings check ``objective``'s stop at each step): a KeyboardInterrupt raised wherever the signal lands
+    can be dropped by Python inside a weakref callback, and the study trained on until SIGKILL (the GPU report's
+    smoke, one worker, under load: issue 36)."""
+    stop = supervisor.StopRequested().install()
+    try:
+        optimize(study, objective(stop), hpo, after_trial=[stop.after_trial])
+        stop.check()  # asked between trials, or after the last: the study ends as stopped, not done
+    finally:
+        stop.uninstall()
+
+
+def run_shared(cfg: Config, study: Any, where: str, objective: Callable[..., Objective],
+               new_parent: Callable[..., Tracker], describe: Callable[[Tracker, int, str], None],
+               on_best: Callable[[Config, BestTrial], None]) -> StudyResult:
+    """hpo.parent=shared (shared_parent.py): join the study's parent run, or create it; run trials under it; and
+    end it with the study's summary if this invocation is the last to leave."""
+    hpo = cfg.hpo
+    if cfg.tracking.backend == "none":  # nothing to share: the trials run, untracked
+        optimize_here(study, lambda stop: objective(None, stop=stop), hpo)
+        return StudyResult(hpo.study_name, redact(where), None, None, worker=True)
+    from mlflow import MlflowClient  # lazy: tracking=none never needs mlflow
+
+    def create() -> str:
+        parent = new_parent(1, detached=True)
+        try:
+            describe(parent, 1, "hpo.parent=shared: one worker per invocation")
+        except BaseException as err:  # a parent that could not be described is no study's: it ends here
+            parent.close("FAILED", f"{type(err).__name__}: {first_line(err)}")
+            raise
+        parent.release()  # RUNNING: the last invocation to leave ends it
+        return parent.run_id
+
+    client = MlflowClient(tracking_uri=resolve_uri(cfg.tracking)[0])
+    parent_id, created = shared_parent.join(study, where, client, create)
+    print(f"maxout: study {hpo.study_name!r} in {redact(where)}: {finished(study)} finished trials; "
+          f"{'created' if created else 'joined'} its shared parent run {parent_id}", file=sys.stderr)
+    summary: dict = {}
+    best = None
+
+    def finish(run_id: str, status: str = "FINISHED", reason: str = "") -> None:
+        nonlocal best, summary
+        parent = start(cfg.tracking, run_id=run_id)
+        try:  # the summary also lands on a study that stopped, as with a parent of its own
+            best, summary = report.log(parent, study, hpo.metric, hpo.direction, report_unit(hpo))
+        finally:
+            parent.close(status, reason)
+
+    try:
+        optimize_here(study, lambda stop: objective(parent_id, under=parent_id, stop=stop), hpo)
+    except BaseException as err:  # stopped or failed: the last to leave ends the parent so, not FINISHED
+        status = "KILLED" if isinstance(err, (KeyboardInterrupt, Terminated)) else "FAILED"
+        reason = f"{type(err).__name__}: {first_line(err) or 'interrupted'}"
+        shared_parent.leave(study, where, client, parent_id, lambda run_id: finish(run_id, status, reason))
+        raise
+    last = shared_parent.leave(study, where, client, parent_id, finish)
+    if not last:
+        print(f"maxout: study {hpo.study_name!r}: this invocation's trials are done; the last invocation to leave "
+              f"ends the shared parent run {parent_id} with the study's summary", file=sys.stderr)
+    elif best is not None:
+        on_best(cfg, best)
+    return StudyResult(hpo.study_name, redact(where), parent_id, best, summary, worker=not last)
 
 
 def until(hpo: HpoConfig) -> Callable[[Any], bool]:

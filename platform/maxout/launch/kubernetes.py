@@ -10,7 +10,7 @@
 - ``indexed_job``: the same job without the operator: a headless Service and an Indexed Job of ``nodes`` pods;
   each pod runs one torchrun agent and the agents meet through c10d rendezvous on pod 0 (``NAME-0.NAME``).
 - ``hpo_job``: HPO workers as a Job with ``parallelism: N``, each pod one ``maxout hpo`` worker on one PostgreSQL
-  study (MAXOUT_HPO_STORAGE from a Secret).
+  study (MAXOUT_HPO_STORAGE from a Secret), every trial nested under one parent run (``hpo.parent=shared``).
 
 Every pod gets the GPUs asked for (``nvidia.com/gpu``), a memory-backed ``/dev/shm`` (NCCL and DataLoader workers
 need more than the container runtime's 64 MB), the Hugging Face cache (HF_HOME in the image) and maxout's state
@@ -95,9 +95,10 @@ class ClusterJob:
         return max(1, self.gpus_per_node)
 
 
-def maxout_args(command: str, job: ClusterJob) -> list[str]:
-    """``maxout <command>``'s own arguments: the job's overrides on the tracking server (MLFLOW_TRACKING_URI)."""
-    return [command, "tracking=server", *job.overrides, "--no-progress"]
+def maxout_args(command: str, job: ClusterJob, *extra: str) -> list[str]:
+    """``maxout <command>``'s own arguments: the job's overrides on the tracking server (MLFLOW_TRACKING_URI), then
+    the command's ``extra`` overrides."""
+    return [command, "tracking=server", *job.overrides, *extra, "--no-progress"]
 
 
 def _secret_env(secret: str, keys: tuple) -> list[dict]:
@@ -206,14 +207,15 @@ def indexed_job(job: ClusterJob) -> list[dict]:
 
 
 def hpo_job(job: ClusterJob) -> dict:
-    """N ``maxout hpo`` workers on one study: each pod one worker, one GPU's share of the job's resources."""
+    """N ``maxout hpo`` workers on one study: each pod one worker, one GPU's share of the job's resources; the pods
+    share one parent run (hpo.parent=shared: the first creates it, the last to leave ends it)."""
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": f"{job.name}-hpo", "namespace": job.namespace, "labels": _labels(job, "hpo")},
             "spec": {"parallelism": job.hpo_workers, "completions": job.hpo_workers, "backoffLimit": job.hpo_workers,
                      "template": {"metadata": {"labels": _labels(job, "hpo")}, "spec": {
                          "restartPolicy": "OnFailure", "volumes": volumes(job), "containers": [{
                              "name": "worker", "image": job.image, "command": ["maxout"],
-                             "args": maxout_args("hpo", job), "env": env(job, hpo=True),
+                             "args": maxout_args("hpo", job, "hpo.parent=shared"), "env": env(job, hpo=True),
                              "resources": resources(job), "volumeMounts": volume_mounts()}]}}}}
 
 

@@ -1,6 +1,9 @@
 """sbatch scripts for maxout's jobs on a Slurm cluster: Slurm allocates, starts and signals; torchrun runs the
 processes of each node; maxout trains. Submit a script with ``sbatch``; cancel with ``scancel``.
 
+``hpo_array_script``: an HPO job array, each task one ``maxout hpo`` worker on one study (PostgreSQL, or a journal
+on a shared file system), every trial nested under one parent run (``hpo.parent=shared``).
+
 ``training_script``: one multi-node torchrun job. ``srun`` starts one torchrun agent per node (``--ntasks-per-node=1``);
 the agents meet through c10d rendezvous on the first node of the allocation (its NodeAddr, from ``scontrol``), and
 each starts ``procs_per_node`` ranks (one per GPU). The command always carries ``resume=auto``: a job that Slurm
@@ -16,6 +19,7 @@ edit; a script is Slurm's own format, runs from any login node, and keeps ``maxo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass
@@ -120,4 +124,29 @@ def training_script(job: SlurmJob) -> str:
         "}",
         "trap end_runs TERM",
         'wait "$srun_pid"',
+        ""])
+
+
+def hpo_array_script(job: SlurmJob, tasks: int) -> str:
+    """The sbatch script of an HPO job array: ``tasks`` tasks, each one worker of the study on one node's share
+    (``gpus_per_node`` GPUs; 0: CPU). The study's storage comes from the environment sbatch runs in
+    (MAXOUT_HPO_STORAGE, a PostgreSQL URL with its password: exported to the job, never written here). The tasks
+    share one parent run (hpo.parent=shared): whichever starts first creates it, the last to leave ends it with the
+    study's summary. A task that Slurm requeues or restarts joins it again; scancel ends the trials it ran KILLED."""
+    if tasks < 1:
+        raise ConfigError(f"tasks={tasks} is invalid: use 1 or more")
+    worker = " ".join([shlex.quote(job.python), "-m", "maxout", "hpo", *(shlex.quote(o) for o in job.overrides),
+                       "hpo.parent=shared", "--no-progress"])
+    # one log per task (%A: the array's job id, %a: the task), unless the job names its own
+    output = "%x-%A_%a.out" if job.output == SlurmJob.output else job.output
+    header = _header(dataclasses.replace(job, nodes=1, output=output), f"--array=0-{tasks - 1}", "--requeue")
+    return "\n".join([
+        *header,
+        "# Written by maxout (maxout.launch.slurm). Submit: sbatch THIS_FILE. Each array task is one worker of the",
+        "# study; all of them nest their trials under one parent run (hpo.parent=shared). The study's storage",
+        "# (MAXOUT_HPO_STORAGE), the tracking server and its login come from the environment sbatch runs in.",
+        "set -euo pipefail",
+        'echo "maxout: HPO worker, array task $SLURM_ARRAY_TASK_ID of job $SLURM_ARRAY_JOB_ID on $SLURMD_NODENAME"',
+        # exec: maxout gets Slurm's SIGTERM itself (scancel, requeue), ends its trial KILLED and leaves the study
+        f"exec {worker}",
         ""])

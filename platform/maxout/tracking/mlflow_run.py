@@ -84,11 +84,7 @@ class MLflowTracker:
         """Start (or with ``run_id`` reopen) a run on the store ``cfg`` resolves to. The store itself was checked
         before (preflight.store_problems, which train/prepare.py runs): here only the experiment's artifact store
         is, once its experiment is known."""
-        uri, artifact_location = resolve_uri(cfg)
-        if cfg.s3_endpoint_url:
-            os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
-        mlflow.set_tracking_uri(uri)
-        ensure_schema(uri)  # several jobs may start together on a new SQLite store
+        uri, artifact_location = _use_store(cfg)
         # A nested run lives in its parent's experiment: the active run's, or ``under``, a run of another process.
         parent = mlflow.get_run(under) if under else mlflow.active_run() if nested else None
         experiment_id = parent.info.experiment_id if parent else os.environ.get("MLFLOW_EXPERIMENT_ID")
@@ -108,6 +104,20 @@ class MLflowTracker:
             tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()}))
         return cls(run.info.run_id, nested=nested, spool_dir=cfg.spool_dir, resumed=run_id is not None,
                    upload_retry_s=cfg.upload_retry_s)
+
+    @classmethod
+    def start_detached(cls, cfg: TrackingConfig, run_name: Optional[str] = None,
+                       tags: Optional[Mapping[str, Any]] = None) -> "MLflowTracker":
+        """A top-level run created through the client, never this process's active run: a run that another process
+        may end (the parent run the invocations of one study share, hpo.parent=shared; release() lets go of it)."""
+        uri, artifact_location = _use_store(cfg)
+        experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID") or _experiment_id(
+            os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment_name, artifact_location)
+        preflight.check_artifact_store(uri, mlflow.get_experiment(experiment_id).artifact_location)
+        run = spool_mod.retry_busy(lambda: mlflow.MlflowClient().create_run(
+            experiment_id, run_name=run_name or cfg.run_name,
+            tags={k: redact(v) for k, v in {**cfg.tags, **(tags or {})}.items()}))
+        return cls(run.info.run_id, spool_dir=cfg.spool_dir, upload_retry_s=cfg.upload_retry_s)
 
     @classmethod
     def start_child(cls, cfg: TrackingConfig, parent_run_id: str, run_name: Optional[str] = None,
@@ -283,6 +293,16 @@ class MLflowTracker:
             if delivered:
                 self._spool.remove()
 
+    def release(self) -> None:
+        """Deliver what was logged and let go of the run, RUNNING: another process ends it (start_detached)."""
+        self.flush()
+        if self._sender.close():
+            self._spool.remove()
+        else:  # the server is away: what is left waits in the spool, as close() keeps it
+            log.warning("maxout: %d tracking records of run %s could not be delivered; they are kept in %s: run "
+                        "`maxout tracking replay %s` when the server is back", len(self._spool.pending()),
+                        self.run_id, self._spool.path, self._spool.path)
+
     def _end_fluent(self, status: str) -> None:
         """mlflow.end_run pops the fluent run before it writes the end: a busy store's refusal is retried through
         the client, so the run never stays RUNNING."""
@@ -292,6 +312,17 @@ class MLflowTracker:
             if not spool_mod.store_busy(err):
                 raise
             spool_mod.retry_busy(lambda: self.client.set_terminated(self.run_id, status=status))
+
+
+def _use_store(cfg: TrackingConfig) -> tuple[str, Optional[str]]:
+    """Point MLflow at the store ``cfg`` resolves to (its schema made, S3's endpoint set): its URI and artifact
+    location."""
+    uri, artifact_location = resolve_uri(cfg)
+    if cfg.s3_endpoint_url:
+        os.environ["MLFLOW_S3_ENDPOINT_URL"] = cfg.s3_endpoint_url
+    mlflow.set_tracking_uri(uri)
+    ensure_schema(uri)  # several jobs may start together on a new SQLite store
+    return uri, artifact_location
 
 
 def fail_if_running(cfg: TrackingConfig, run_id: str, reason: str) -> None:

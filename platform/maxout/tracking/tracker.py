@@ -38,6 +38,8 @@ class Tracker(Protocol):
         run name is made valid by datasets.model_name)."""
     def flush(self) -> None: ...
     def close(self, status: str = "FINISHED", reason: str = "") -> None: ...
+    def release(self) -> None:
+        """Deliver what was logged and leave the run RUNNING, for another process to end (start(detached=True))."""
 
 
 class NullTracker:
@@ -88,25 +90,31 @@ class NullTracker:
     def close(self, status: str = "FINISHED", reason: str = "") -> None:
         self.status = status
 
+    def release(self) -> None:
+        pass
+
     def last(self, key: str) -> Optional[float]:
         return self.metrics[key][-1][1] if key in self.metrics else None
 
 
 def start(cfg: TrackingConfig, run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
           nested: bool = False, system_metrics: Optional[bool] = None, run_id: Optional[str] = None,
-          parent_run_id: Optional[str] = None, under: Optional[str] = None) -> Tracker:
+          parent_run_id: Optional[str] = None, under: Optional[str] = None, detached: bool = False) -> Tracker:
     """A new run, or with ``run_id`` the continuation of that run (resume). The store was checked before a top-level
     run starts (train/prepare.py runs preflight.store_problems); a nested run's parent passed the same checks.
     ``nested``: a child of the active run. ``parent_run_id``: a child of that run, which need not be the active one
     (``maxout audit`` keeps several children open and files each measurement under its own). ``under``: a child of
     that run, which another process owns (an HPO worker's trial under its supervisor's parent run), made this
-    process's active run, so that its own children (k-fold runs) nest under it."""
+    process's active run, so that its own children (k-fold runs) nest under it. ``detached``: a top-level run that
+    is never this process's active run, which it may leave RUNNING (release()) for another process to end."""
     if cfg.backend == "none":
         return NullTracker()
     from .mlflow_run import MLflowTracker  # lazy: mlflow takes 1.5 s to import, and tracking=none never needs it
 
     if parent_run_id:
         return MLflowTracker.start_child(cfg, parent_run_id, run_name=run_name, tags=tags)
+    if detached:
+        return MLflowTracker.start_detached(cfg, run_name=run_name, tags=tags)
     return MLflowTracker.start(cfg, run_name=run_name, tags=tags, nested=nested, system_metrics=system_metrics,
                                run_id=run_id, under=under)
 
