@@ -32,6 +32,7 @@ from typing import Iterator, Optional, Sequence
 
 import pytest
 
+from . import services
 from .conftest import ROOT
 
 ENGINE_DIR = Path(os.environ.get("MAXOUT_DOCKER_DIR", "/var/tmp/maxout-docker"))
@@ -148,15 +149,7 @@ def _stop_leftover(root: Path) -> None:
 
 
 def _stop_daemon(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    services.stop(proc, timeout_s=30)  # dockerd and the containerd it started: one process group
 
 
 def _unmount_leftovers(root: Optional[Path] = None) -> None:

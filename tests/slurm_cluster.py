@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from . import services
+
 NODES = ("n1", "n2")
 
 
@@ -112,18 +114,6 @@ def _free_port(addr: str) -> int:
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 SLURM_CONF = """\
@@ -239,7 +229,7 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            services.stop(proc)
         for ns in namespaces.values():
             # what a job left behind in a node (a test asserts there is nothing), then the namespace
             with contextlib.suppress(FileNotFoundError):
