@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from optuna.trial import TrialState
 
 from ..errors import ConfigError
+from ..registry.lock import advisory_key
 from ..tracking.redact import redact
 from . import storage as storage_mod
 
@@ -42,12 +42,6 @@ def check(where: str) -> None:
                           f"{redact(where)} (its lock is taken from the storage)")
 
 
-def lock_key(study_name: str) -> int:
-    """A signed 64-bit key for pg_advisory_lock, the same in every process."""
-    digest = hashlib.sha256(f"maxout-hpo-parent:{study_name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
 @contextlib.contextmanager
 def study_lock(where: str, study_name: str) -> Iterator[None]:
     """Mutual exclusion between the invocations of one study, on every machine that reaches its storage."""
@@ -57,7 +51,7 @@ def study_lock(where: str, study_name: str) -> Iterator[None]:
         engine = sqlalchemy.create_engine(where, poolclass=sqlalchemy.pool.NullPool)
         try:
             with engine.connect() as connection:
-                key = {"key": lock_key(study_name)}
+                key = {"key": advisory_key(study_name, namespace="maxout.hpo-parent")}
                 connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), key)
                 try:
                     yield

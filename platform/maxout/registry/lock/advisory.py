@@ -16,9 +16,10 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-def advisory_key(name: str) -> int:
-    """A stable signed 64-bit key for ``name`` (the same in every process and release: not Python's hash())."""
-    digest = hashlib.blake2b(f"maxout.promotion:{name}".encode(), digest_size=8).digest()
+def advisory_key(name: str, namespace: str = "maxout.promotion") -> int:
+    """A stable signed 64-bit key for ``name`` (the same in every process and release: not Python's hash()); the
+    ``namespace`` keeps one kind of lock apart from another (a model's promotions, a study's shared parent)."""
+    digest = hashlib.blake2b(f"{namespace}:{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 
