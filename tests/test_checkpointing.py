@@ -5,6 +5,7 @@ final weights as a run that was never interrupted (deterministic, CPU)."""
 from __future__ import annotations
 
 import hashlib
+import time
 import subprocess
 
 import mlflow
@@ -206,3 +207,28 @@ def test_files_and_sharded_folders_are_listed_by_step_and_a_hidden_folder_never_
 ])
 def test_the_run_says_which_checkpoints_it_writes_and_why_a_setting_is_off(fsdp, sharded, async_save, says):
     assert resume.checkpoint_format(fsdp, sharded, async_save) == says
+
+
+def test_checkpoint_saves_stay_out_of_the_training_window(tmp_path, monkeypatch):
+    # A save that takes 1000 s on the clock the meters read: if any of it fell inside the training window, the
+    # window would be over 1000 s. (The final checkpoint, after the last step, counted in perf/steady_* before:
+    # ~2 s of a 5 s window for BERT-base on an H200.) No real sleep, so no dependence on this machine's speed.
+    offset = [0.0]
+    real_clock = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + offset[0])
+    real_save = checkpointing.save_atomic
+
+    def slow_save(payload, path):
+        offset[0] += 1000.0
+        return real_save(payload, path)
+
+    monkeypatch.setattr(checkpointing, "save_atomic", slow_save)
+    result = train(loading.load(small(tmp_path, "train.warmup_steps_excluded=2")), tracker=NullTracker(),
+                   progress=False)
+    m = result.metrics
+    saves = len([3, 4, 6, 8])  # every 3 steps and at each epoch end (step 8 is the run's last)
+    assert offset[0] == 1000.0 * saves
+    assert m["time/train_window_s"] < 1000.0 and m["time/steady_window_s"] < 1000.0
+    assert m["time/checkpoint_s"] >= 1000.0 * saves
+    assert m["perf/steady_samples_per_s"] > 1.0  # 6 steps of 8 rows in well under 1000 s
+    assert m["time/wall_s"] >= 1000.0 * saves  # the wall clock still sees them

@@ -86,6 +86,11 @@ class Throughput:
 
     resume = start
 
+    @property
+    def running(self) -> bool:
+        """Started and not paused: time now counts in the window."""
+        return self._started is not None
+
     def begin_step(self) -> None:
         """Before the step's first kernel is queued (CUDA-event busy time)."""
         if self.window is not None:

@@ -293,6 +293,12 @@ class Checkpointer(Callback):
         (gathering FSDP's shards and the ranks' RNG states is a collective); rank 0 writes, or with a writer every
         rank writes its shard (and the path comes later, to ``kept``)."""
         self.setup.divergence.check(self.setup, self.tracker)  # never a diverged state to resume from
+        if state.totals is None:
+            return self._save(state, position)
+        with state.totals.outside_window("checkpoint"):  # saving is not training: time/checkpoint_s counts it
+            return self._save(state, position)
+
+    def _save(self, state: TrainState, position: tuple[int, int]) -> Optional[Path]:
         self.tracker.flush()  # the metrics up to this step are journaled before a checkpoint supersedes them
         payload = capture(self.setup, state, position, self.meta, self.extras, weights=self.writer is None)
         if self.writer:

@@ -119,16 +119,15 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
 
     def run_eval() -> None:
         s.divergence.check(s, tracker)  # a diverged model is not worth scoring (evaluation syncs anyway)
-        meter.pause()  # evaluation is not training time (time/eval_s is)
-        started = time.perf_counter()
-        result = evaluate(s)
-        state.eval_metrics, state.eval_confusion = result.metrics, result.confusion
-        state.totals.eval_s += time.perf_counter() - started
-        s.divergence.check_evaluation(state.eval_metrics, state.step, s, tracker)
-        tracker.log_metrics(state.eval_metrics, step=state.step)
-        hooks.on_evaluate(state, state.eval_metrics)
+        # Evaluation and model selection (which may copy the weights off the device) are not training time:
+        # time/eval_s counts them.
+        with state.totals.outside_window("eval"):
+            result = evaluate(s)
+            state.eval_metrics, state.eval_confusion = result.metrics, result.confusion
+            s.divergence.check_evaluation(state.eval_metrics, state.step, s, tracker)
+            tracker.log_metrics(state.eval_metrics, step=state.step)
+            hooks.on_evaluate(state, state.eval_metrics)
         raise_if_stop_requested()  # a Ctrl-C or SIGTERM whose exception got dropped (errors.py) stops here
-        meter.resume()
 
     for epoch in range(state.epoch, tr.epochs):
         if state.step >= s.total_steps:  # resumed from the checkpoint after the last step
@@ -174,6 +173,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
         if done:
             break
 
+    meter.pause()  # the window ends with the last step's hooks: what follows (model logging) is not training
     bar.close()
     s.divergence.check(s, tracker)
     results = state.totals.summary()  # throughput, wall, compile and evaluation time, peak memory: every segment's
