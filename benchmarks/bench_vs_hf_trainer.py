@@ -74,6 +74,7 @@ def maxout_run(args) -> dict:
     overrides = [f"model={args.model}", "tracking=none", f"train.batch_size={args.batch}",
                  f"train.target_effective_batch={args.batch}", f"train.epochs={args.epochs}",
                  f"train.warmup_steps_excluded={excluded_steps(args)}", f"hardware.precision={args.precision}",
+                 "checkpoint.enabled=false",  # as the Trainer's save_strategy="no" (saves are outside the window)
                  *([] if args.compile is None else [f"hardware.compile={str(args.compile).lower()}"]),
                  *args.override, *args.maxout_override]
     cfg = loading.load(overrides)
