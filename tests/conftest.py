@@ -5,6 +5,7 @@ runs with HF_HUB_OFFLINE=1 unless it opts out (tests/test_hub.py)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 # No test reaches the real Hugging Face Hub. maxout downloads a model by name when the cache lacks it, so every test
@@ -149,9 +150,13 @@ def pytest_sessionfinish(session):
 @pytest.fixture(autouse=True)
 def _isolate(monkeypatch):
     """Run from the repo root (relative data paths), with no MLflow variables leaking in, and restore the
-    process-wide torch switches that optimizations flip."""
+    process-wide torch switches that optimizations flip, and sys.path: loading a model in-process puts its code/
+    folder first on sys.path (MLflow's pyfunc code paths), and a process spawned later inherits it. A fresh clone's
+    run (-n 3) failed test_sharded_checkpoint that way: its spawned ranks imported maxout from
+    tests/data/pickled_model/code, which test_pyfunc had loaded on the same worker."""
     from maxout import hub
 
+    monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test, whatever it prepended
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("MAXOUT_ROOT", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
