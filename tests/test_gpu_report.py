@@ -317,6 +317,185 @@ def test_vs_trainer_runs_the_headline_first_and_both_orders_then_the_compiled_tr
     assert "| long | **1.50×** | maxout first 1.50× | – | – | – |" in table
 
 
+def test_the_ablation_measures_cuda_graphs_against_default_mode_on_the_same_bucketed_widths(tmp_path, monkeypatch):
+    """The H200 run of 2026-11-26 turned the Hopper profiles back to compile mode default: the ablation's first grid
+    measures reduce-overhead against it, both cells compiled over the same 8 widths of bucketed dynamic padding on an
+    H200, so the mode is all that differs, with the base's compile=off and warm-up replaced, not doubled."""
+    from transformers import BertForSequenceClassification
+
+    from benchmarks.gpu.registry import Context
+    from benchmarks.gpu.sections import ablation
+    from maxout import loading
+    from maxout.insight import grid as grid_mod
+    from maxout.optimizations import compile as compile_opt, named
+    from maxout.train.setup import plan_decisions
+
+    from .conftest import fake_cuda
+
+    monkeypatch.setattr(workloads, "long_mix", lambda folder, rows: [])  # another grid's rows: not this test's
+    monkeypatch.setattr(compile_opt, "has_triton", lambda: True)
+    ctx = Context("ablation", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
+    _, spec, extra, _, steps = ablation.grids(ctx, cuda=True)[0]
+    assert spec == "compile_mode=default,reduce-overhead" and steps == 100
+    overrides = ablation.merged(ablation.base_overrides(ctx), extra)
+    assert [o for o in overrides if o.startswith(("hardware.compile=", "train.warmup_steps_excluded="))] == [
+        "hardware.compile=true", "train.warmup_steps_excluded=40"]
+    h200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
+    base = loading.load(overrides, device=h200)
+    got = {}
+    for cell in grid_mod.cells(grid_mod.parse_grid(spec)):
+        decisions = plan_decisions(cell.apply(base), h200, BertForSequenceClassification)
+        got[cell.name] = tuple(named(decisions, n).effective for n in ("compile_mode", "pad_widths", "bucketing"))
+    assert got == {"compile_mode=default": ("default", 8, True),
+                   "compile_mode=reduce-overhead": ("reduce-overhead", 8, True)}
+
+
+def test_a_cut_batch_finder_section_keeps_its_margin_line_and_a_rung_stops_at_its_first_oom():
+    """2026-11-26, call 2: the finder fitted 2701 rows, training ran at 2048 and 2701, and the section was cut at 50 s
+    while the 2837-row run went on at half the rows after its out-of-memory recovery, before the margin line. The
+    margin is now written after every rung, and a rung ends when recovery fires: that is its answer."""
+    import torch
+
+    from benchmarks.gpu.sections import memory
+    from maxout.train.oom import OOMRecovery
+
+    finder = {"micro_batch": 2048, "max_batch": 2701, "probes": [], "sequence_length": 128}
+    ladder = [{"rows": 2048, "oom": False, "peak_allocated_gb": 101.25, "note": ""},
+              {"rows": 2701, "oom": False, "peak_allocated_gb": 133.10, "note": ""}]
+    so_far = memory.margin(finder, ladder)
+    assert so_far == {"first_oom_over_micro_batch": None, "first_oom_over_max_batch": None, "no_oom_up_to": 2701}
+    cut = memory.markdown({"finder": finder, "ladder": ladder, "first_real_oom": None, "margin": so_far})
+    assert ("**None**; margin over the micro-batch –×, over the finder's largest batch –× (no OOM up to 2701 rows)."
+            in cut)
+
+    tracker = memory.stop_at_first_oom()
+    recovery = OOMRecovery()
+    recovery.attach(tracker)
+    batch = {"labels": torch.zeros(2837, dtype=torch.long), "input_ids": torch.zeros(2837, 128, dtype=torch.long)}
+    with pytest.raises(memory.RanOutOfMemory, match="2837 -> 1419 rows per forward pass"):
+        recovery.halve("CUDA out of memory", [batch], step=1, device_type="cpu")
+    assert tracker.metrics["train/oom_events"] == [(1, 1.0)] and "2837 -> 1419" in tracker.tags["maxout.oom_recovery"]
+    ladder.append({"rows": 2837, "oom": True, "peak_allocated_gb": None, "note": tracker.tags["maxout.oom_recovery"]})
+    assert memory.margin(finder, ladder) == pytest.approx({"first_oom_over_micro_batch": 2837 / 2048,
+                                                           "first_oom_over_max_batch": 2837 / 2701,
+                                                           "no_oom_up_to": None})
+
+
+def test_a_cut_tracking_section_keeps_the_summary_of_its_whole_repetitions():
+    """2026-11-26, call 2: tracking was cut at 40 s after both repetitions but before its summary (the logging-path
+    measure came last). The summary is now recorded after every run, from the repetitions that are whole."""
+    from benchmarks import tracking_overhead
+    from benchmarks.gpu.sections import tracking
+
+    def run(samples_s):
+        return {"samples_s": samples_s, "main_cpu_s": 1.5, "background_cpu_s": 0.6, "server_cpu_s": 0.4, "wall_s": 3.0}
+
+    rows = [{"none": run(3482.37), "mlflow": run(3345.83)}, {"mlflow": run(3439.35), "none": run(3641.35)}]
+    summary = tracking_overhead.summarize(rows, ["none", "mlflow"])
+    assert summary["mlflow"]["ratios"] == pytest.approx([3345.83 / 3482.37, 3439.35 / 3641.35])
+    assert tracking_overhead.summarize([], ["none", "mlflow"]) == {}
+    partial = [*rows, {"none": run(3500.0)}]  # cut during the third repetition
+    md = tracking.markdown({"utilization": {"mean": 10.65, "max": 24.0, "steps": 60, "model": "minilm"},
+                            "overhead": {"model": "minilm", "steps": 60, "reps": 3, "store": "sqlite",
+                                         "summary": summary, "rows": partial, "logging_path_ms": None}})
+    assert "2 of 3 repetitions; logging path not measured" in md
+    assert "| mlflow | 3392.6 | 0.953 (0.961, 0.945) |" in md
+    assert "Runs in order (samples/s): none 3482.4, mlflow 3345.8, mlflow 3439.3, none 3641.3, none 3500.0." in md
+
+
+def test_p8_is_packed_over_bucketed_within_each_order():
+    from benchmarks.gpu.sections import packing
+
+    runs = [{"mix": "m", "setting": s, "samples_per_s": v} for s, v in
+            zip(packing.ORDER, [100.0, 150.0, 140.0, 110.0])]
+    got = packing.ratio(runs, "m")
+    assert got["packed_over_bucketed"] == pytest.approx(145 / 105)
+    assert got["per_order"] == pytest.approx([1.5, 140 / 110])
+    assert packing.ratio(runs[:1], "m")["packed_over_bucketed"] is None
+
+
+def test_the_long_mix_lies_in_its_length_range(tmp_path):
+    from maxout import loading, modeling
+
+    overrides = workloads.long_mix(tmp_path, rows=6, low=40, high=64)
+    assert overrides[-1] == "data.max_length=64"
+    rows = pd.read_csv(tmp_path / "long-40-64-6-train.csv")
+    tokenizer = modeling.load_tokenizer(loading.load(workloads.model("tiny")).model)
+    lengths = [len(tokenizer(p, c, truncation=True, max_length=64)["input_ids"]) for p, c in
+               zip(rows["post"], rows["criterion"])]
+    assert len(lengths) == 6 and all(40 <= n <= 64 for n in lengths)
+
+
+def test_the_wheel_pins_follow_the_lock_and_the_image_list_parses():
+    lock = wheels.pins(ROOT / "constraints.txt")
+    carried = wheels.pins()
+    assert {n: v for n, v in carried.items() if lock.get(n) != v} == {}  # every pin is the lock's version
+    image = wheels.image()
+    assert image["torch"] is not None and str(image["transformers"]) == "5.17.0" and image["matplotlib"] is None
+    assert not set(carried) & {n for n in image if n != "typing-extensions"}  # nothing the image has, but one
+
+
+def test_the_rehearsals_replica_is_the_image_without_the_carried_wheels():
+    """make gpu-rehearsal builds its replica from replica.txt: only what the image has, at the image's versions."""
+    lines = [line.split("#", 1)[0].strip() for line in (ROOT / "benchmarks/gpu/replica.txt").read_text().splitlines()]
+    replica = {canonicalize_name(line.partition("==")[0]): line.partition("==")[2] or None for line in lines if line}
+    image = wheels.image()
+    assert {"torch", "transformers", "numpy", "pytest"} <= set(replica) and set(replica) <= set(image)
+    assert {n: v for n, v in replica.items() if v and str(image[n]) != v} == {}
+    assert not set(replica) & set(wheels.pins())
+
+
+def _installed(site, name: str, init: str) -> None:
+    """A package ``name`` with its dist-info (the RECORD the closure guard reads owners from) in ``site``."""
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text(init)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+
+
+# How a carried package reaches a module besides an import statement: importlib.util.find_spec("a.b") imports "a"
+# with no globals (`import mlflow` probes databricks.agents so), and an extension module importing from C passes the
+# import machinery's globals (cryptography's Rust core imports _cffi_backend so). The rehearsal on a replica of the
+# GPU image, not this guard, first found both.
+PROBES = {"find_spec": "import importlib.util\nFOUND = importlib.util.find_spec('absent_probe.sub')\n",
+          "from_c": "import builtins, importlib.util\nbuiltins.__import__('absent_probe', vars(importlib.util))\n"
+                    "FOUND = None\n"}
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+@pytest.mark.parametrize("probe", PROBES)
+def test_the_closure_guard_sees_a_carried_package_import_outside_an_import_statement(tmp_path, probe, allowed):
+    site = tmp_path / "site"
+    _installed(site, "carried_probe", PROBES[probe])
+    _installed(site, "absent_probe", "")
+    script = (f"from benchmarks.gpu.closure import ImageOnly\n"
+              f"ImageOnly(set(), {{'carried-probe'{', ' + repr('absent-probe') if allowed else ''}}}).install()\n"
+              f"import carried_probe\nprint('found', carried_probe.FOUND)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])})
+    if allowed:
+        assert done.returncode == 0 and "found None" in done.stdout, done.stderr[-2000:]
+    else:
+        assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
+            "ModuleNotFoundError: No module named 'absent_probe': absent-probe is neither on the GPU image nor "
+            "carried"), done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_maxouts_gpu_paths_import_nothing_the_gpu_machine_lacks():
+    """The carried set, checked with the venv's copies of the same versions (make gpu-wheels checks the files)."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.closure", "--allow", ",".join(wheels.pins())],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "closure: ok: imports; tracked training on SQLite with the pyfunc model; optuna study" in done.stdout
+    without = ",".join(n for n in wheels.pins() if n != "sqlalchemy")
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.gpu.closure", "--allow", without], cwd=ROOT,
+                             capture_output=True, text=True, timeout=900)
+    assert refused.returncode == 1 and "closure: refused sqlalchemy" in refused.stderr  # the check can fail
+
+
 @pytest.mark.slow
 def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path):
     out = tmp_path / "report"
