@@ -83,7 +83,8 @@ def maxout_run(args) -> dict:
     return {"samples_per_s": m["perf/steady_samples_per_s"], "samples": m["train/samples"],
             "tokens_per_s": m["perf/steady_samples_per_s"] * args.mean_length,
             "peak_memory_gb": m.get("mem/peak_allocated_gb"), "compile_s": m.get("time/compile_s"),
-            "padding_efficiency": m["perf/padding_efficiency"],
+            "padding_efficiency": m["perf/padding_efficiency"], "busy_share": m.get("gpu/busy_share"),
+            "gpu_utilization": m.get("gpu/utilization_mean"),
             "precision": result.setup.decision("precision").effective, "profile": cfg.hardware.name,
             "attention": result.setup.decision("attention").effective,
             "tf32": result.setup.decision("tf32").effective, "compile": result.setup.decision("compile").effective}
@@ -107,12 +108,24 @@ def trainer_run(args, best: bool, precision: str, attention: str, compile: bool 
     model = modeling.load_model(cfg.model, model_cfg, attention)
 
     class Clock(TrainerCallback):
+        """Step ends (after a sync), and on a GPU each step's CUDA-event time: the device's busy share over the
+        timed window, as maxout's gpu/busy_share measures it (an event before the step's first kernel is queued,
+        one after its last)."""
+
         def __init__(self):
-            self.marks = []
+            self.marks, self.busy_ms, self._begun = [], [], None
+
+        def on_step_begin(self, targs, state, control, **kw):
+            if torch.cuda.is_available():
+                self._begun = torch.cuda.Event(enable_timing=True)
+                self._begun.record()
 
         def on_step_end(self, targs, state, control, **kw):
             if torch.cuda.is_available():
+                done = torch.cuda.Event(enable_timing=True)
+                done.record()
                 torch.cuda.synchronize()
+                self.busy_ms.append(self._begun.elapsed_time(done) if self._begun is not None else 0.0)
             self.marks.append(time.perf_counter())
 
     clock = Clock()
@@ -136,7 +149,8 @@ def trainer_run(args, best: bool, precision: str, attention: str, compile: bool 
     skip = excluded_steps(args)
     samples_after = sum(step_sizes(len(rows), args)[skip:])
     seconds = clock.marks[-1] - clock.marks[skip - 1]
-    return {"samples_per_s": samples_after / seconds, "samples": len(rows), "steps": steps,
+    busy = sum(clock.busy_ms[skip:]) / 1e3 / seconds if clock.busy_ms else None  # the steps after the window opens
+    return {"samples_per_s": samples_after / seconds, "samples": len(rows), "steps": steps, "busy_share": busy,
             "tokens_per_s": samples_after / seconds * args.mean_length,
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
             "precision": precision if best else "fp32", "attention": attention, "compile": bool(best and compile),

@@ -4,7 +4,9 @@ length mix x4 and on 1,600 rows of 128-512 tokens: samples/s, tokens/s and peak 
 
 maxout runs ``hardware=auto`` (on an H100/H200 the profile's bf16, TF32, fused AdamW, SDPA, compile, bucketing); the
 Trainer gets bf16, TF32, ``adamw_torch_fused``, ``group_by_length``, SDPA and the same DataLoader workers. Both get the
-same micro-batch and rows, two epochs each, the second timed after its third step.
+same micro-batch and rows, two epochs each, the second timed after its third step. On a GPU each run also records the
+device's busy share over that window (CUDA events around each step, on both sides): near 100%, the GPU sets the pace;
+far below, the host does (launches, data loading, syncs), which is where batch 64 was on the H200.
 
 The order fits the call's minutes and keeps the headline first: maxout then the Trainer on the demo mix, then maxout
 with compile off (``maxout_eager``: what compile gives or costs at batch 64, where the step is bound by the host; the
@@ -126,7 +128,8 @@ def run(ctx: Context) -> None:
         runs.append({"mix": mix, "contender": contender, "order": order, "seconds": time.time() - started,
                      "rows": args.train_rows, "mean_length": args.mean_length, "batch": args.batch,
                      **{k: got.get(k) for k in ("samples_per_s", "tokens_per_s", "peak_memory_gb", "compile_s",
-                                                "padding_efficiency", "precision", "attention", "compile")}})
+                                                "padding_efficiency", "precision", "attention", "compile",
+                                                "busy_share", "gpu_utilization")}})
         print(f"vs_trainer: {mix}: {contender} ({order}): {got['samples_per_s']:.2f} samples/s "
               f"({runs[-1]['seconds']:.0f} s)", flush=True)
         ctx.record("runs", runs)
@@ -144,12 +147,12 @@ def markdown(results: dict) -> str:
     lines = [f"Model: random {results.get('model', '?')}; batch {batch}, two epochs per run, the second timed; maxout "
              f"{d.get('profile', '?')} profile (precision {d.get('precision')}, TF32 {d.get('tf32')}, attention "
              f"{d.get('attention')}, compile {d.get('compile')}).", "",
-             "| mix | contender | order | samples/s | tokens/s | peak memory GiB | compile s | run s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| mix | contender | order | samples/s | tokens/s | device busy | peak memory GiB | compile s | run s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results.get("runs", []):
         lines.append(f"| {r['mix']} | {r['contender']} | {r['order']} | {fmt(r['samples_per_s'], '.1f')} | "
-                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r['peak_memory_gb'], '.2f')} | "
-                     f"{fmt(r['compile_s'], '.1f')} | {r['seconds']:.0f} |")
+                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r.get('busy_share'), '.0%')} | "
+                     f"{fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['compile_s'], '.1f')} | {r['seconds']:.0f} |")
     lines += ["", "| mix | maxout ÷ Trainer best (mean) | per order | maxout ÷ Trainer compiled | "
                   "compile's gain (maxout ÷ maxout eager) | maxout eager ÷ Trainer best |", "|---|---|---|---|---|---|"]
     for mix, m in results.get("mixes", {}).items():
