@@ -59,6 +59,9 @@ PYTEST_PARALLEL ?= -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 ##   browser test, tests/test_ui_browser.py), if missing
 test: install
 	docker/install-engine.sh
+	@# Bytecode for the project's own tree, once: the suite starts a few hundred Python processes, and where
+	@# PYTHONDONTWRITEBYTECODE is set (CI images) each would otherwise compile maxout from source again.
+	$(BIN)/python -m compileall -q -j 0 platform tests benchmarks projects > /dev/null
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25
 
 ## test-fast: everything but the slow end-to-end tests

@@ -70,6 +70,8 @@ def confusion_png(confusion: list[list[int]], label_names: list[str], title: str
 def log(tracker: Tracker, split: str, evaluation: Evaluation, label_names: list[str], step: int) -> None:
     """The three artifacts of ``split`` under ``<split>/``. They summarise what the run's metrics already hold, so a
     server that stays away costs the report (one warning), not the run; the model's upload decides that."""
+    if tracker.run_id is None:  # nothing is stored (tracking=none, ranks other than 0): drawing them is wasted time
+        return
     try:
         _log(tracker, split, evaluation, label_names, step)
     except MaxoutError as err:
