@@ -123,17 +123,21 @@ def test_overrides_string_is_split_like_the_mlproject_passes_it(mlflow_store):
 
 @pytest.mark.slow
 def test_demo_project_with_minilm_learns_and_its_model_predicts_new_text(mlflow_store):
-    """What `make run` does on a CPU machine: MiniLM on projects/nli_demo, hardware=auto, as a real process."""
+    """What `make run` does on a CPU machine: MiniLM on projects/nli_demo, hardware=auto, as a real process, for two
+    epochs of its three (measured in fp32, as CI runs it: eval accuracy 0.73, 0.76, 0.795 after epochs 1-3 against
+    a majority baseline of 0.565; the third epoch costs ~50 CPU-s of the suite and shows nothing the second does
+    not)."""
     sys.path.insert(0, str(ROOT / "projects" / "nli_demo"))
     import generate
 
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "maxout", "train", "hardware=auto", *mlflow_store["overrides"],
-                           "tracking.system_metrics=true", "--no-progress"], cwd=ROOT, capture_output=True, text=True)
+                           "tracking.system_metrics=true", "train.epochs=2", "--no-progress"], cwd=ROOT,
+                          capture_output=True, text=True)
     wall = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = only_run(mlflow_store["uri"])
-    params, metrics = check_run(run, expected_samples=800 * 3, outer_wall_s=wall)
+    params, metrics = check_run(run, expected_samples=800 * 2, outer_wall_s=wall)
     assert params["cfg.hardware.name"] == "cpu" and params["cfg.model.name"] == "minilm"
     assert metrics["eval/accuracy"] >= metrics["eval/majority_baseline"] + 0.15, metrics
     assert any(k.startswith("system/") for k in metrics)  # MLflow's own sampler ran for the timeline
