@@ -330,7 +330,7 @@ def cmd_tracking_end_slurm_job(args: argparse.Namespace) -> int:
         raise ConfigError(f"job id {args.job_id!r} is invalid: use a Slurm job id (digits, e.g. $SLURM_JOB_ID)")
     from . import loading  # lazy: hydra (start-up)
     from .tracking.mlflow_run import end_running  # lazy: mlflow (start-up)
-    from .train.run import SLURM_JOB_TAG  # lazy: torch (start-up)
+    from .tracking.tracker import SLURM_JOB_TAG  # lazy: with the command (start-up)
 
     cfg = loading.load(split_overrides(args.overrides, args.overrides_string))
     ended = end_running(cfg.tracking, SLURM_JOB_TAG, args.job_id, "KILLED", f"Slurm job {args.job_id} stopped")

@@ -24,7 +24,7 @@ import torch
 from omegaconf import OmegaConf
 
 from .errors import HardwareError
-from .paths import CONF_DIR, CPU_BF16_FORCED, CPU_BF16_VAR
+from .paths import CONF_DIR, CPU_BF16_FORCED, CPU_BF16_VAR, in_container
 
 
 @dataclass
@@ -58,15 +58,6 @@ class DeviceInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def in_container() -> bool:
-    if Path("/.dockerenv").exists() or os.environ.get("container"):
-        return True
-    try:
-        return any(k in Path("/proc/1/cgroup").read_text() for k in ("docker", "kubepods", "containerd"))
-    except OSError:
-        return False
 
 
 def _cpu_count() -> int:

@@ -23,6 +23,17 @@ CPU_BF16_VAR = "MAXOUT_CPU_BF16"
 CPU_BF16_FORCED = {"0": False, "1": True}
 
 
+def in_container() -> bool:
+    """This process runs in a container (Docker, containerd, a Kubernetes pod). Here, not in hardware.py, so the
+    tracking code that asks (tracking/container.py) does not import torch with it."""
+    if Path("/.dockerenv").exists() or os.environ.get("container"):
+        return True
+    try:
+        return any(k in Path("/proc/1/cgroup").read_text() for k in ("docker", "kubepods", "containerd"))
+    except OSError:
+        return False
+
+
 def project_root() -> Path:
     """Where relative data paths and the embedded MLflow store live: MAXOUT_ROOT, else the working directory."""
     return Path(os.environ.get("MAXOUT_ROOT") or os.getcwd()).resolve()

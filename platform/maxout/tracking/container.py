@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlparse
 
-from ..hardware import in_container
+from ..paths import in_container
 
 NETWORK = ("inside mlflow run's container 127.0.0.1 is the container itself: pass -A network=host to mlflow run, or "
            "set MLFLOW_TRACKING_URI to an address the container can reach")

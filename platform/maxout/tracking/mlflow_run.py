@@ -28,7 +28,6 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from ..config import TrackingConfig
 from ..errors import MaxoutError, first_line
-from ..serving import pyfunc
 from . import preflight, spool as spool_mod
 from .datasets import DataInput, model_name
 from .redact import redact
@@ -199,6 +198,8 @@ class MLflowTracker:
 
         def upload() -> Any:
             with _active(self.run_id):
+                from ..serving import pyfunc  # lazy: torch and transformers, which ending a run never needs
+
                 return pyfunc.log_model(model_dir, input_example, name=name)
 
         try:

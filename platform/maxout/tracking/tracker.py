@@ -15,6 +15,10 @@ from ..errors import Terminated
 from .datasets import DataInput
 from .redact import redact
 
+# The Slurm job a run belongs to (train.run sets it from SLURM_JOB_ID); `maxout tracking end-slurm-job` finds a
+# cancelled job's runs by it. Here, beside the interface, so that command imports neither torch nor the trainer.
+SLURM_JOB_TAG = "maxout.slurm_job_id"
+
 
 class Tracker(Protocol):
     """What every room that logs sees: the trainer, HPO, the benchmark. ``run_id`` is None when nothing is stored."""

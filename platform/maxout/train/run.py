@@ -35,7 +35,7 @@ from ..errors import MaxoutError, Terminated, raise_if_stop_requested
 from ..optimizations import accumulation, bucketing, lora
 from ..serving import inference
 from ..tracking.params import config_params, device_params, run_name
-from ..tracking.tracker import NullTracker, Tracker, closing, start
+from ..tracking.tracker import SLURM_JOB_TAG, NullTracker, Tracker, closing, start
 from . import batch_finder, distributed, lineage, prepare, reports, resume, sharded
 from .callbacks import Callback
 from .distributed import World
@@ -301,5 +301,3 @@ def slurm_tags() -> dict:
     job = os.environ.get("SLURM_JOB_ID")
     return {SLURM_JOB_TAG: job} if job else {}
 
-
-SLURM_JOB_TAG = "maxout.slurm_job_id"
