@@ -273,3 +273,45 @@ def test_model_scores_and_inputs_survive_an_outage_and_its_replay(tmp_path):
         assert client.get_run(run.run_id).info.status == "FINISHED"
     finally:
         server.stop()
+
+
+def test_a_dataset_another_process_inserts_first_is_linked_and_not_refused(tmp_path):
+    """Two HPO workers of a Slurm array (tests/test_slurm.py) started their first trials 0.2 s apart and logged the
+    same dataset: MLflow's log_inputs reads the experiment's datasets, then inserts the ones it did not find, and the
+    store's unique key refused the later insert (UNIQUE constraint failed: datasets...), which failed that worker's
+    run. Here the other process's insert lands exactly between this write's read and its insert (a hook on the ORM
+    query); the write is tried again, finds the dataset and links it: one dataset, both runs its inputs."""
+    from mlflow.store.tracking.dbmodels.models import SqlDataset
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    from maxout.tracking.mlflow_run import dataset_input
+
+    store = new_store(tmp_path / "store.db")
+    client = mlflow.MlflowClient(store)
+    experiment = client.create_experiment("race")
+    mine, other = (client.create_run(experiment).info.run_id for _ in range(2))
+    raced = []
+
+    def other_process_inserts_first(state):
+        described = getattr(state.statement, "column_descriptions", None) or []
+        if raced or not state.is_select or SqlDataset not in [d.get("entity") for d in described]:
+            return None
+        raced.append(True)
+        rows = state.invoke_statement().freeze()  # this write's read: the dataset is not there yet ...
+        mlflow.MlflowClient(store).log_inputs(other, datasets=[dataset_input(VALIDATION)])  # ... now it is
+        return rows()
+
+    journal = spool.Spool(tmp_path / f"{mine}.jsonl", mine, store)
+    journal.append(inputs=[dataset_input(VALIDATION)])
+    event.listen(Session, "do_orm_execute", other_process_inserts_first)
+    try:
+        sender = spool.Sender(client, journal)
+        delivered = sender.deliver()
+    finally:
+        event.remove(Session, "do_orm_execute", other_process_inserts_first)
+    assert raced == [True]
+    assert delivered and sender.error is None, sender.error
+    linked = {run: [(i.dataset.name, i.dataset.digest) for i in client.get_run(run).inputs.dataset_inputs]
+              for run in (mine, other)}
+    assert linked == {mine: [("demo-validation", "0123456789abcdef")], other: [("demo-validation", "0123456789abcdef")]}

@@ -240,10 +240,26 @@ def send(client: Any, run_id: str, record: dict) -> None:
         client.set_terminated(run_id, status=record["end"]["status"], end_time=record["end"]["end_time"])
         return
     if "inputs" in record:  # MLflow keeps one input per (dataset, run): a second delivery adds nothing
-        client.log_inputs(run_id, datasets=_inputs(record))
+        try:
+            client.log_inputs(run_id, datasets=_inputs(record))
+        except MlflowException as err:
+            if not dataset_raced(err):
+                raise
+            client.log_inputs(run_id, datasets=_inputs(record))  # now it finds that dataset, and links it
         return
     metrics, params, tags = _entities(record)
     client.log_batch(run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
+
+
+def dataset_raced(err: BaseException) -> bool:
+    """Another process inserted the same dataset (experiment, name, digest) between this write's read and its
+    insert: MLflow's log_inputs reads the experiment's datasets, then inserts those it did not find, and the store's
+    unique key refuses the later of two such inserts (SQLite: "UNIQUE constraint failed: datasets.", PostgreSQL:
+    "duplicate key value violates unique constraint" on the datasets table). Two HPO workers starting their first
+    trials together do it. The same write again finds the dataset."""
+    text = str(err)
+    return isinstance(err, MlflowException) and "datasets" in text and (
+        "UNIQUE constraint failed" in text or "duplicate key value violates unique constraint" in text)
 
 
 def unreachable(err: BaseException) -> bool:
