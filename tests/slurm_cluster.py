@@ -29,6 +29,7 @@ from typing import Iterator
 from . import services
 
 NODES = ("n1", "n2")
+POLL_S = 0.25  # how often wait() and wait_array() ask slurmctld (a few ms of CPU for scontrol/squeue each)
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Cluster:
             state = self.state(job_id)
             if state in states:
                 return state
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         raise TimeoutError(f"job {job_id} still {self.state(job_id)} after {timeout}s\n{self.logs()}")
 
     def wait_array(self, job_id: str, timeout: float = 300) -> list[str]:
@@ -76,7 +77,7 @@ class Cluster:
             out = self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.split()
             if not out:
                 return out
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         raise TimeoutError(f"array {job_id} still queued after {timeout}s")
 
     def logs(self) -> str:
@@ -116,6 +117,12 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+# Latencies (the job tests wait on them): the main scheduling loop runs every second (sched_interval=1; an empty
+# queue of two nodes costs nothing) and a submitted batch job is not held back (batch_sched_delay=0), so a job starts
+# within about a second. KillWait stays 30 s: the script's trap (`maxout tracking end-slurm-job`, a Python start-up
+# of some 10-15 s on a loaded machine) must finish before slurmd SIGKILLs it. Note slurmd 22.05 checks a signalled
+# job's end every second for 10 s, then only every 10 s: a job that takes 11-20 s to end after scancel or requeue
+# is seen at 21 s (CANCELLED or PENDING comes then), a Slurm latency that no setting here shortens.
 SLURM_CONF = """\
 ClusterName=maxout
 SlurmctldHost={host}({ctl})
@@ -137,7 +144,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
-SchedulerParameters=sched_interval=2
+SchedulerParameters=sched_interval=1,batch_sched_delay=0
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1

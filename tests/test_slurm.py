@@ -76,7 +76,9 @@ def test_training_job_runs_one_agent_per_node_and_a_requeued_job_resumes_its_run
     """sbatch the training script; once it has a checkpoint, `scontrol requeue` it (what pre-emption does): Slurm
     stops it and starts it again, resume=auto continues the same run from its checkpoint, and the job finishes as
     ONE MLflow run, FINISHED, whose two ranks ran on the two nodes."""
-    job, script = tiny_job(tmp_path, mlflow_store, "mx-train", epochs=8)
+    # 4 epochs: 16 steps with a checkpoint after each (~10 s of training here); the requeue comes right after the
+    # first checkpoint, long before the last step, and the second start trains the rest
+    job, script = tiny_job(tmp_path, mlflow_store, "mx-train", epochs=4)
     job_id = cluster.sbatch(script, f"--chdir={ROOT}", env=JOB_ENV)
     wait_for(lambda: checkpoints(tmp_path), 120, f"no checkpoint\n{cluster.logs()}")
     cluster.run("scontrol", "requeue", job_id)
