@@ -13,7 +13,7 @@ workers share the study's storage (journal file or RDB), the compile cache and t
   the invocation fails with that worker's error line.
 - Ctrl-C or SIGTERM stops every worker (SIGINT, then SIGKILL after ``STOP_GRACE_S``); a worker stops at its next
   training step or evaluation (``StopRequested``); trials still RUNNING then are failed and their runs end KILLED. Workers run in sessions of their own, so a terminal's Ctrl-C reaches the
-  supervisor alone and it decides; a worker whose supervisor is gone (SIGKILLed) notices within a second and stops
+  supervisor alone and it decides; a worker whose supervisor is gone (SIGKILLed) notices within WATCH_S and stops
   itself (``watch_supervisor``), so no process is left behind.
 """
 
@@ -45,6 +45,7 @@ SUPERVISOR_VAR = "MAXOUT_HPO_SUPERVISOR_PID"
 STOP_GRACE_S = 30.0
 RESPAWNS_PER_SLOT = 3
 POLL_S = 0.5
+WATCH_S = 0.25  # a worker looks this often whether its supervisor is alive (one getppid call)
 OWN_KEYS = ("hpo.workers=", "hpo.timeout_s=")  # what the supervisor sets for its workers
 PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm's (MLflow's artifact downloads, weight loading)
 
@@ -63,7 +64,7 @@ def watch_supervisor() -> None:
 
     def watch() -> None:
         while os.getppid() == expected:
-            time.sleep(1.0)
+            time.sleep(WATCH_S)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="maxout-supervisor-watch", daemon=True).start()
