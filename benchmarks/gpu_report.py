@@ -301,6 +301,9 @@ def _stop(child: subprocess.Popen) -> int | None:
 
 
 def child_main(args: argparse.Namespace) -> int:
+    from maxout.errors import exit_without_collecting  # lazy: the section's process only
+
+    exit_without_collecting()  # with torch, transformers and mlflow loaded, the exit's last collection costs seconds
     os.chdir(ROOT)
     section = {s.name: s for s in load_registry(args.registry)}[args.child]
     ctx = Context(section.name, args.scale, Path(args.work), json.loads(Path(args.state).read_text()),

@@ -32,7 +32,7 @@ def main(ready_dir: Path, n: int, argv: list[str]) -> int:
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {len(list(ready_dir.iterdir()))} of {n} processes got ready")
         time.sleep(0.005)
-    return cli.main(argv)
+    return cli.run(argv)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,6 @@
 Entry point. May import: cli.
 """
 
-from .cli import main
+from .cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from . import __version__
-from .errors import USAGE, ConfigError, MaxoutError, Terminated, combined, forget_stop_request, stop_requested
+from .errors import (USAGE, ConfigError, MaxoutError, Terminated, combined, exit_without_collecting, forget_stop_request,
+                     stop_requested)
 from .insight.grid import AXES
 
 
@@ -585,6 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(p)
     p.set_defaults(func=cmd_tracking_end_slurm_job)
     return parser
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    """The `maxout` process (`python -m maxout`, the console script): main(), then an exit that skips the
+    interpreter's last garbage collection (errors.exit_without_collecting). In-process callers use main()."""
+    exit_without_collecting()
+    return main(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

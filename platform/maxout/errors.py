@@ -1,4 +1,5 @@
-"""One error type for everything a user can get wrong, and the signal that ends a run as KILLED.
+"""One error type for everything a user can get wrong, the signal that ends a run as KILLED, and how a maxout
+process exits.
 
 The CLI turns a MaxoutError into a single line on stderr and its exit code, so every message must name
 the bad value and what is valid, and fit on one line.
@@ -8,6 +9,8 @@ Ground floor. May import: nothing.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import signal
 from typing import Any, Callable, Optional, Sequence
 
@@ -141,3 +144,15 @@ def collect(problems: list, func: Callable, *args: Any) -> Any:
         problems.append(err)
         return None
     return True if result is None else result
+
+
+def exit_without_collecting() -> None:
+    """This process ends without the interpreter's last garbage collection. At exit Python traverses every object
+    it still holds, ~800,000 with torch, transformers and MLflow loaded: 1.5-4 CPU-s per process (a tracked tiny
+    training run: 9.0 -> 6.9 CPU-s; an HPO worker's exit 3.8 -> 0.3 s on 2 busy cores), paid by every `maxout`
+    command, torchrun rank and HPO worker, and waited for by whoever waits on them. Objects frozen at exit are
+    skipped by that collection; atexit handlers (registered earlier: they run after this one) and module teardown
+    still run, and the kernel frees the rest. Python never promised __del__ at exit for objects still alive, and
+    nothing maxout writes depends on it: files, runs, spools and checkpoints are closed explicitly."""
+    atexit.unregister(gc.freeze)  # once, however often this is called
+    atexit.register(gc.freeze)  # atexit runs last-in first-out: the handlers registered before still run after it
