@@ -240,12 +240,13 @@ def send(client: Any, run_id: str, record: dict) -> None:
         client.set_terminated(run_id, status=record["end"]["status"], end_time=record["end"]["end_time"])
         return
     if "inputs" in record:  # MLflow keeps one input per (dataset, run): a second delivery adds nothing
+        datasets = _inputs(record)
         try:
-            client.log_inputs(run_id, datasets=_inputs(record))
+            client.log_inputs(run_id, datasets=datasets)
         except MlflowException as err:
             if not dataset_raced(err):
                 raise
-            client.log_inputs(run_id, datasets=_inputs(record))  # now it finds that dataset, and links it
+            client.log_inputs(run_id, datasets=datasets)  # now it finds that dataset, and links it
         return
     metrics, params, tags = _entities(record)
     client.log_batch(run_id, metrics=metrics, params=params, tags=tags, synchronous=True)
