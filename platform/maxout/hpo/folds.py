@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sklearn.model_selection import StratifiedKFold
-
 from ..data import Dataset, Origin
 from ..errors import ConfigError
 
@@ -19,6 +17,8 @@ def kfold(dataset: Dataset, k: int, seed: int) -> list[Dataset]:
     if count < k:
         raise ConfigError(f"hpo.k_folds={k} is too many for this data: label {dataset.label_names[rarest]!r} has "
                           f"only {count} training rows (each fold needs one); use hpo.k_folds <= {count}")
+    from sklearn.model_selection import StratifiedKFold  # lazy: 0.7 s to import; only k-fold studies need it
+
     splits = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(labels, labels)
     train = dataset.origins.get("train") or Origin("")
     return [Dataset(dataset.train.subset(list(fit)), dataset.train.subset(list(held_out)), dataset.label_names,

@@ -2,7 +2,7 @@
 
 - ``<split>/confusion_matrix.json``: the counts with the label names (rows: true label, columns: predicted)
 - ``<split>/confusion_matrix.png``: the same as a heat map
-- ``<split>/classification_report.txt``: scikit-learn's per-class precision, recall, F1 and support
+- ``<split>/classification_report.txt``: per-class precision, recall, F1 and support, in scikit-learn's format
 """
 
 from __future__ import annotations
@@ -19,14 +19,31 @@ from ..tracking.tracker import Tracker
 from .evaluate import Evaluation
 
 
-def classification_report(confusion: list[list[int]], label_names: list[str]) -> str:
-    """scikit-learn's report, from the counts (each cell (true, predicted) stands for that many rows)."""
-    from sklearn.metrics import classification_report as sk_report  # lazy: 1.2 s to import; once per run's end
+def classification_report(confusion: list[list[int]], label_names: list[str], digits: int = 4) -> str:
+    """scikit-learn's ``classification_report`` text (every label, ``zero_division=0``), from the counts (rows: true
+    label, columns: predicted). Written here, in scikit-learn's own format strings, because importing
+    sklearn.metrics costs 0.7 CPU-s at the end of every run and every HPO worker; tests/test_reports.py holds the two
+    texts equal (where no row is right, scikit-learn prints the supports as floats; here they stay counts)."""
+    counts = np.asarray(confusion, dtype=np.int64)
+    hits, support, predicted = np.diag(counts).astype(float), counts.sum(axis=1), counts.sum(axis=0)
 
-    k = len(confusion)
-    cells = np.repeat(np.arange(k * k), np.asarray(confusion, dtype=np.int64).ravel())
-    return sk_report(cells // k, cells % k, labels=list(range(k)), target_names=[str(n) for n in label_names],
-                     digits=4, zero_division=0)
+    def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+        return np.divide(num, den, out=np.zeros_like(num, dtype=float), where=den > 0)
+
+    precision, recall, f1 = ratio(hits, predicted), ratio(hits, support), ratio(2 * hits, support + predicted)
+    total = int(support.sum())
+    width = max(*(len(str(n)) for n in label_names), len("weighted avg"), digits)
+    row = "{:>{width}s} " + " {:>9.{digits}f}" * 3 + " {:>9}\n"
+    text = ("{:>{width}s} " + " {:>9}" * 4).format("", "precision", "recall", "f1-score", "support", width=width)
+    text += "\n\n" + "".join(row.format(str(name), *scores, width=width, digits=digits)
+                             for name, scores in zip(label_names, zip(precision, recall, f1, support)))
+    accuracy = hits.sum() / total if total else 0.0  # the micro average: every label is in the report
+    text += "\n" + ("{:>{width}s} " + " {:>9.{digits}}" * 2 + " {:>9.{digits}f} {:>9}\n").format(
+        "accuracy", "", "", accuracy, total, width=width, digits=digits)
+    text += row.format("macro avg", *(np.average(x) for x in (precision, recall, f1)), total, width=width,
+                       digits=digits)
+    weighted = [np.average(x, weights=support) if total else 0.0 for x in (precision, recall, f1)]
+    return text + row.format("weighted avg", *weighted, total, width=width, digits=digits)
 
 
 def pyplot() -> Any:
