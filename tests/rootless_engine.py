@@ -7,8 +7,9 @@ engine runs as the test user (docker_engine.USER) with everything under ROOTLESS
 data root outlives the session, so the image's layers are loaded once per image, not once per session.
 
 The image is not built again: the root engine's image (docker_engine.engine(), `make image-cpu`) is copied into
-this one with `docker save | docker load` when the ids differ (a loaded image keeps its id). About 50 s for a new
-image on these machines, 25 s when only the tags changed (load skips layers it has).
+this one with `docker save | docker load` when the ids differ (a loaded image keeps its id). About 55 s for a new
+image on these machines; 19 s when only the project's own layer changed, as a new commit's image does
+(docker/Dockerfile keeps the venv's GBs in a layer that only the lock changes, and load skips layers it has).
 
 What the machine must allow (docker/install-engine.sh sees to the packages and to /dev/net/tun): the user's
 sub-uid and sub-gid ranges (useradd gives them), user namespaces, and /dev/net/tun open to all (Debian's default,

