@@ -13,6 +13,12 @@ IMAGE ?= maxout:latest
 BASE_CPU ?= maxout-base:bookworm
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
 IMAGE_WHEELS := build/image-wheels
+CPU_BUILD_ARGS = --build-arg BUILDER_BASE=$(BASE_CPU) --build-arg RUNTIME_BASE=$(BASE_CPU) \
+	--build-arg WHEELS=$(IMAGE_WHEELS) --build-arg TORCH_SPEC=torch==$(TORCH_VERSION) \
+	--build-arg "TORCH_PIP_ARGS=--no-index --find-links /wheels" --build-arg "PIP_ARGS=--no-index --find-links /wheels"
+# make image-cpu tags docker/Dockerfile's build stages as $(IMAGE_CACHE):<stage>, the next build's cache
+IMAGE_CACHE ?= maxout-build
+CPU_CACHED_STAGES := builder package
 # make image-cuda-check: the CUDA image built here, from the same Debian base and PyPI's (CUDA) torch build
 CUDA_CHECK_IMAGE ?= maxout:cuda-check
 CUDA_WHEELS := build/image-wheels-cuda
@@ -117,10 +123,12 @@ image-cpu: install
 	docker image inspect $(BASE_CPU) >/dev/null 2>&1 || $(MAKE) image-base-cpu
 	$(BIN)/python -m pip download -q -d $(IMAGE_WHEELS) -c constraints.txt --prefer-binary \
 	  torch==$(TORCH_VERSION) setuptools wheel "$(CURDIR)[demo]"
-	docker build --network $(BUILD_NETWORK) -f docker/Dockerfile -t $(IMAGE) --build-arg BUILDER_BASE=$(BASE_CPU) \
-	  --build-arg RUNTIME_BASE=$(BASE_CPU) --build-arg WHEELS=$(IMAGE_WHEELS) \
-	  --build-arg TORCH_SPEC=torch==$(TORCH_VERSION) --build-arg "TORCH_PIP_ARGS=--no-index --find-links /wheels" \
-	  --build-arg "PIP_ARGS=--no-index --find-links /wheels" .
+	docker build --network $(BUILD_NETWORK) -f docker/Dockerfile -t $(IMAGE) $(CPU_BUILD_ARGS) .
+	@# Its build stages are tagged too (cache hits: seconds), so that they stay the cache of the next build. Left
+	@# untagged they are dangling images, which a prune deletes (tests/docker_engine.py prunes after each build):
+	@# every other build then reinstalled the venv, and the rootless test engine loaded the whole image again.
+	for stage in $(CPU_CACHED_STAGES); do docker build -q --network $(BUILD_NETWORK) -f docker/Dockerfile \
+	  --target $$stage -t $(IMAGE_CACHE):$$stage $(CPU_BUILD_ARGS) . > /dev/null || exit 1; done
 
 ## image-cuda-check: the CUDA image (PyPI's CUDA torch build with its nvidia-* wheels) built here once and proven
 ##   inside: torch.version.cuda set, cuDNN and NCCL load, `maxout check-hardware` explains that no GPU is visible.
