@@ -503,25 +503,34 @@ def per_class_name(split: str, score: str, label: str) -> str:
     return f"{split}/{score}/{label_key(label)}"
 
 
-def classification_scores(confusion: list[list[int]], label_names: list[str], split: str = "eval") -> dict[str, float]:
-    """Accuracy, macro-F1 and per-class precision / recall / F1 from a confusion matrix (host numbers).
+def per_class_scores(confusion: list[list[int]]) -> list[tuple[float, float, float, int]]:
+    """Each class's precision, recall, F1 and support (its true rows), from a confusion matrix (host numbers).
 
-    A class with no true positive scores 0 (also when it is absent from both truth and predictions), so macro-F1
-    averages over every class of the label set: scikit-learn's ``zero_division=0`` with ``labels=`` all classes.
+    A class with no true positive scores 0 (also when it is absent from both truth and predictions): scikit-learn's
+    ``zero_division=0`` with ``labels=`` all classes. The logged metrics and the classification report both read it.
     """
     k = len(confusion)
-    total = sum(map(sum, confusion))
     true_totals = [sum(confusion[c]) for c in range(k)]
     predicted_totals = [sum(confusion[r][c] for r in range(k)) for c in range(k)]
-    out: dict[str, float] = {f"{split}/accuracy": sum(confusion[c][c] for c in range(k)) / total if total else 0.0}
-    f1s = []
-    for c, name in enumerate(label_names):
+    scores = []
+    for c in range(k):
         tp = confusion[c][c]
         precision = tp / predicted_totals[c] if predicted_totals[c] else 0.0
         recall = tp / true_totals[c] if true_totals[c] else 0.0
         f1 = 2 * tp / (true_totals[c] + predicted_totals[c]) if tp else 0.0
-        f1s.append(f1)
+        scores.append((precision, recall, f1, true_totals[c]))
+    return scores
+
+
+def classification_scores(confusion: list[list[int]], label_names: list[str], split: str = "eval") -> dict[str, float]:
+    """Accuracy, macro-F1 and per-class precision / recall / F1 from a confusion matrix (host numbers); macro-F1
+    averages over every class of the label set (per_class_scores)."""
+    k = len(confusion)
+    total = sum(map(sum, confusion))
+    out: dict[str, float] = {f"{split}/accuracy": sum(confusion[c][c] for c in range(k)) / total if total else 0.0}
+    scores = per_class_scores(confusion)
+    for name, (precision, recall, f1, _) in zip(label_names, scores):
         out.update({per_class_name(split, "precision", name): precision, per_class_name(split, "recall", name): recall,
                     per_class_name(split, "f1", name): f1})
-    out[f"{split}/macro_f1"] = sum(f1s) / k if k else 0.0
+    out[f"{split}/macro_f1"] = sum(f1 for _, _, f1, _ in scores) / k if k else 0.0
     return out

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MaxoutError
+from ..metrics import per_class_scores
 from ..tracking.tracker import Tracker
 from .evaluate import Evaluation
 
@@ -24,20 +25,16 @@ def classification_report(confusion: list[list[int]], label_names: list[str], di
     label, columns: predicted). Written here, in scikit-learn's own format strings, because importing
     sklearn.metrics costs 0.7 CPU-s at the end of every run and every HPO worker; tests/test_reports.py holds the two
     texts equal (where no row is right, scikit-learn prints the supports as floats; here they stay counts)."""
-    counts = np.asarray(confusion, dtype=np.int64)
-    hits, support, predicted = np.diag(counts).astype(float), counts.sum(axis=1), counts.sum(axis=0)
-
-    def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-        return np.divide(num, den, out=np.zeros_like(num, dtype=float), where=den > 0)
-
-    precision, recall, f1 = ratio(hits, predicted), ratio(hits, support), ratio(2 * hits, support + predicted)
+    scores = per_class_scores(confusion)
+    precision, recall, f1, support = (np.asarray(column) for column in zip(*scores))
     total = int(support.sum())
+    hits = sum(confusion[c][c] for c in range(len(confusion)))
+    accuracy = hits / total if total else 0.0  # the micro average: every label is in the report
     width = max(*(len(str(n)) for n in label_names), len("weighted avg"), digits)
     row = "{:>{width}s} " + " {:>9.{digits}f}" * 3 + " {:>9}\n"
     text = ("{:>{width}s} " + " {:>9}" * 4).format("", "precision", "recall", "f1-score", "support", width=width)
-    text += "\n\n" + "".join(row.format(str(name), *scores, width=width, digits=digits)
-                             for name, scores in zip(label_names, zip(precision, recall, f1, support)))
-    accuracy = hits.sum() / total if total else 0.0  # the micro average: every label is in the report
+    text += "\n\n" + "".join(row.format(str(name), *per_class, width=width, digits=digits)
+                             for name, per_class in zip(label_names, scores))
     text += "\n" + ("{:>{width}s} " + " {:>9.{digits}}" * 2 + " {:>9.{digits}f} {:>9}\n").format(
         "accuracy", "", "", accuracy, total, width=width, digits=digits)
     text += row.format("macro avg", *(np.average(x) for x in (precision, recall, f1)), total, width=width,
