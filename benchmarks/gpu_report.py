@@ -1,19 +1,20 @@
-"""Every GPU claim maxout makes, measured in two device calls: report.md, report.json and PNG charts in --out.
+"""Every GPU claim maxout makes, measured in planned device calls: report.md, report.json and PNG charts in --out.
 
-    make gpu-report OUT=DIR ARGS="--plan call1"      # then ARGS="--plan call2"
+    make gpu-report OUT=DIR ARGS="--plan call1"      # then ARGS="--plan call2", then ARGS="--plan call3"
     python -m benchmarks.gpu_report --out DIR --plan call1
     python -m benchmarks.gpu_report --out DIR --sections mfu,ablation --budget-s 300   # any subset
 
 A GPU machine is lent for 15 minutes in all, its start, the transfers and the gaps between calls included, and one
-command runs for at most 10 minutes. So the report is two planned calls (``--plan``, benchmarks/gpu/sections):
+command runs for at most 10 minutes. So the report is planned calls (``--plan``, benchmarks/gpu/sections):
 
 - call1 (at most 8 minutes): the headline. maxout vs the Trainer's best flags at batch 64 on both mixes in both
-  orders, the MFU of BERT-base at <= 128 tokens at a given micro-batch with one torch.profiler profile, and packed vs
-  bucketed batches (target P8) with what is left.
+  orders, the MFU of BERT-base at <= 128 tokens at a given micro-batch with compile off and one torch.profiler
+  profile, and packed vs bucketed batches (target P8) with what is left.
 - call2 (at most 5 minutes): every ``pytest -m gpu`` test, the batch finder against real memory, then tracking overhead
   and NVML utilization with what is left.
+- call3 (what the loan has left, ~3 minutes on a warm machine): the MFU of BERT-base compiled, with its profile.
 
-The hpo workers, the ablation, the audit and BERT-large's MFU fit neither call: each needs a loan of its own
+The hpo workers, the ablation, the audit and BERT-large's MFU fit none of the calls: each needs a loan of its own
 (``--sections hpo``).
 
 benchmarks/README.md has both commands verbatim (the carried wheels installed first). Each section runs in its own
@@ -23,7 +24,7 @@ report.json and report.md every few seconds, so a section (or the whole command)
 it had. On a machine without CUDA the CPU-safe sections run at ``--scale smoke`` (tiny models, a few steps) and the
 others say why they were skipped: tests/test_gpu_report.py runs it that way.
 
-Options: --plan (call1, call2: sections, budget and per-section limits), --budget-s (default 540, or the plan's),
+Options: --plan (call1, call2, call3: sections, budget and per-section limits), --budget-s (default 540, or the plan's),
 --sections (a comma-separated subset, run in registry order), --scale (auto: full with CUDA, smoke without), --cuda
 (auto: ask torch in a subprocess; no: rehearse the CPU path), --keep-work (keep the scratch folder).
 """
@@ -314,8 +315,9 @@ def child_main(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "gpu"), help="where the report goes")
-    p.add_argument("--plan", default=None, help="a planned device call: call1 (the headline, 8 minutes) or call2 "
-                                               "(the GPU tests, the finder, tracking: 5 minutes)")
+    p.add_argument("--plan", default=None, help="a planned device call: call1 (the headline, 8 minutes), call2 "
+                                               "(the GPU tests, the finder, tracking: 5 minutes) or call3 (MFU "
+                                               "compiled: what the loan has left)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="seconds for the whole report (default: the plan's, else 540)")
     p.add_argument("--sections", default=None, help="a comma-separated subset of the sections (registry order)")

@@ -49,13 +49,14 @@ def test_two_epochs_of_the_bucket_plan_compile_one_graph(graphs, cpu_device, one
     assert len({batch_width(result.setup, b) for b in _batches(sampler, 0)}) > 3  # and many padded widths
     assert result.metrics["train/optimizer_steps"] == 2 * 18
     assert graphs.frame_count == 1
+    assert result.metrics["time/compile_graphs"] == 1  # what every run logs: dynamo's own count, here the same
 
 
 def test_the_batch_finder_compiles_nothing_and_the_run_one_graph(graphs, cpu_device, one_torch_thread):
     result, tracker = run(cpu_device, "train.batch_size=auto", "train.target_effective_batch=32")
     assert int(tracker.params["batch_finder.num_probes"]) >= 2  # the finder really probed
     assert tracker.params["opt.compile.effective"] == "true"
-    assert graphs.frame_count == 1
+    assert graphs.frame_count == 1 and result.metrics["time/compile_graphs"] == 1
 
 
 def _batches(sampler, epoch):

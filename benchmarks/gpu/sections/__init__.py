@@ -12,6 +12,7 @@ SECTIONS = [
     gpu_tests.SECTION,
     vs_trainer.SECTION,
     mfu.SECTION,
+    mfu.SECTION_COMPILED,
     packing.SECTION,
     ablation.SECTION,
     memory.SECTION,
@@ -20,31 +21,36 @@ SECTIONS = [
     hpo.SECTION,
 ]
 
-# What each planned section takes on an H100/H200 at full scale, seconds: measured on the H200 on 2026-11-26 (the second
-# run, c5cb8fe: benchmarks/gpu/reports/2026-11-26-h200-run2) unless marked as an estimate.
+# What each planned section takes on an H100/H200 at full scale, seconds: measured on the H200 (2026-11-26, run 2,
+# c5cb8fe, and 2026-11-27, a1d7f67: benchmarks/gpu/reports/) unless marked as an estimate.
 EXPECTED_S = {
-    "environment": 22,
-    # 257 s with CUDA graphs, 146 of them maxout's first run (120 s of compile + recording); compile mode default
-    # compiles one graph of ~36 s instead: estimate
-    "vs_trainer": 190,
-    # estimate: one ~36 s compile, 30 steps at micro-batch 1024 and a 3-step profile (cut at 100 s on 2026-11-26 while
-    # recording CUDA graphs for 8 widths at micro-batch 1024)
-    "mfu": 75,
-    "packing": 60,  # estimate: four eager runs of 30 steps (never reached yet)
+    "environment": 22,  # 16 on 2026-11-27
+    # 229 s on 2026-11-27: both mixes in both orders and maxout eager (maxout's first run 118 s, 98 of them compile);
+    # the compiled Trainer, last, is what the limit leaves out
+    "vs_trainer": 220,
+    "mfu": 45,  # estimate: compile off, 30 steps at micro-batch 1024 and a 3-step profile
+    # estimate: 65.9 s of compile at micro-batch 1024 on 2026-11-26 (run 1), 30 steps and a profile; cut at 100 s
+    # (twice) and 148 s (2026-11-27, after the compile-off case) while it compiled
+    "mfu_compiled": 120,
+    "packing": 60,  # 76 s on 2026-11-27 with the 128-512 mix's packed run left out (4 s left)
     "gpu_tests": 100,  # every test reached, 4 xdist workers
-    "batch_finder": 70,  # cut at 50 s in its third rung; that rung now ends at its out-of-memory recovery
-    "tracking": 60,  # cut at 40 s after both repetitions, before the logging-path measure
+    "batch_finder": 70,  # 54-58 s
+    "tracking": 60,  # 45-53 s
 }
 
-# A GPU machine is lent for 15 minutes in all: ~30 s to start it and send the tree (the 2026-11-26 loan: 61 s with the
-# warm gap), then call1 (8 minutes at most, the carried wheels' install included: 400 s wall for a 396 s report),
-# then call2 at once (the machine stays warm 30 s; 5 minutes at most): ~13.5 of the 15 minutes, the rest a margin. A
-# fixed limit holds its section's EXPECTED_S with room; None: what the budget has left when the section starts. The
-# hpo workers (a trial's start-up alone outlasted the 16 s each study had in call 2), the ablation, the audit and
-# BERT-large's MFU fit neither call: each needs a loan of its own (--sections hpo, benchmarks/README.md).
+# A GPU machine is lent for 15 minutes in all: ~30 s to start it and send the tree, then call1 (8 minutes at most, the
+# carried wheels' install included), then call2 at once (the machine stays warm 30 s; 5 minutes at most). On
+# 2026-11-27 the loan had held 472.6 s after call 1 (440 s wall) and 698.3 s after call 2 (213 s wall): 202 s were
+# left on a warm machine, which call3 takes (the compiled MFU, cut in every earlier call; no start needed, since the
+# machine is warm). A fixed limit holds its section's EXPECTED_S with room; None: what the budget has left when the
+# section starts. The hpo workers (a trial's start-up alone outlasted the 16 s each study had in call 2), the
+# ablation, the audit and BERT-large's MFU fit none of the calls: each needs a loan of its own (--sections hpo,
+# benchmarks/README.md).
 PLANS = (
-    Plan("call1", budget_s=450, limits={"environment": 30, "vs_trainer": 230, "mfu": 100, "packing": None},
-         what="the headline: vs the Trainer on both mixes in both orders, MFU and a profile, then P8"),
+    Plan("call1", budget_s=450, limits={"environment": 30, "vs_trainer": 230, "mfu": 60, "packing": None},
+         what="the headline: vs the Trainer on both mixes in both orders, MFU with compile off and a profile, then P8"),
     Plan("call2", budget_s=280, limits={"gpu_tests": 110, "batch_finder": 80, "tracking": None},
          what="every pytest -m gpu test, the batch finder against real memory, then tracking"),
+    Plan("call3", budget_s=150, limits={"mfu_compiled": None},
+         what="with what the loan has left after calls 1 and 2 (202 s on 2026-11-27): MFU compiled, and its profile"),
 )

@@ -85,6 +85,7 @@ def run(ctx: Context) -> None:
     from benchmarks import bench_vs_hf_trainer as bench  # lazy: transformers' Trainer
     from maxout import data as data_mod, loading, modeling  # lazy: imports torch
 
+    torch._logging.set_logs(recompiles=True)  # a second graph's cause, in the section's output
     cuda = torch.cuda.is_available()
     workers = max((len(os.sched_getaffinity(0)) - 2), 0) if cuda else 0
     arch = "bert_base" if ctx.full else "tiny"
@@ -128,7 +129,8 @@ def run(ctx: Context) -> None:
         runs.append({"mix": mix, "contender": contender, "order": order, "seconds": time.time() - started,
                      "rows": args.train_rows, "mean_length": args.mean_length, "batch": args.batch,
                      **{k: got.get(k) for k in ("samples_per_s", "tokens_per_s", "peak_memory_gb", "compile_s",
-                                                "padding_efficiency", "precision", "attention", "compile",
+                                                "compile_graphs", "padding_efficiency", "precision", "attention",
+                                                "compile",
                                                 "busy_share", "gpu_utilization")}})
         print(f"vs_trainer: {mix}: {contender} ({order}): {got['samples_per_s']:.2f} samples/s "
               f"({runs[-1]['seconds']:.0f} s)", flush=True)
@@ -147,12 +149,18 @@ def markdown(results: dict) -> str:
     lines = [f"Model: random {results.get('model', '?')}; batch {batch}, two epochs per run, the second timed; maxout "
              f"{d.get('profile', '?')} profile (precision {d.get('precision')}, TF32 {d.get('tf32')}, attention "
              f"{d.get('attention')}, compile {d.get('compile')}).", "",
-             "| mix | contender | order | samples/s | tokens/s | device busy | peak memory GiB | compile s | run s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             # NVML: the device's own utilization in the steady window (maxout only). In-step share: CUDA-event time
+             # inside the steps over the window, both sides; a host launching slower than the device counts as busy
+             # there, so it is an upper bound (0.98-1.00 on every run of 2026-11-27; NVML 33-41% on the demo mix)
+             "| mix | contender | order | samples/s | tokens/s | NVML utilization | in-step share (upper bound) | "
+             "peak memory GiB | compile s (graphs) | run s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results.get("runs", []):
+        graphs = f" ({r['compile_graphs']})" if r.get("compile_graphs") is not None else ""
         lines.append(f"| {r['mix']} | {r['contender']} | {r['order']} | {fmt(r['samples_per_s'], '.1f')} | "
-                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r.get('busy_share'), '.0%')} | "
-                     f"{fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['compile_s'], '.1f')} | {r['seconds']:.0f} |")
+                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r.get('gpu_utilization'), '.0f')}"
+                     f"{'%' if r.get('gpu_utilization') is not None else ''} | {fmt(r.get('busy_share'), '.0%')} | "
+                     f"{fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['compile_s'], '.1f')}{graphs} | {r['seconds']:.0f} |")
     lines += ["", "| mix | maxout ÷ Trainer best (mean) | per order | maxout ÷ Trainer compiled | "
                   "compile's gain (maxout ÷ maxout eager) | maxout eager ÷ Trainer best |", "|---|---|---|---|---|---|"]
     for mix, m in results.get("mixes", {}).items():

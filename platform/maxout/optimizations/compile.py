@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 import torch._dynamo
-from torch._dynamo.utils import calculate_time_spent
+from torch._dynamo.utils import calculate_time_spent, counters
 from torch.utils._triton import has_triton
 
 from . import CUDAGRAPH_MODES
@@ -80,3 +80,10 @@ def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any 
 def compile_seconds() -> float:
     """Cumulative wall time torch has spent compiling in this process (dynamo + AOT + inductor, fwd + bwd)."""
     return float(calculate_time_spent().get("total_wall_time", 0.0))
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process, each recompile one more. A run should add one: guards that a
+    backend adds while it generates code (inductor's size thresholds, e.g. ``batch * seq > 4096`` for the CPU's
+    cascade sums) recompile on the first batch across the threshold, which an eager-backend count cannot see."""
+    return int(counters["stats"]["unique_graphs"])

@@ -5,8 +5,8 @@ the last process's share (which is 0 samples for a run resumed after its last st
 - throughput: the checkpoint's counters (samples, tokens, steps, training-window seconds) plus this segment's, so
   ``perf/samples_per_s`` = ``train/samples`` / ``time/train_window_s`` over the run. Steps redone after a crash
   count once: the counters are those of the checkpoint the run continued from.
-- ``time/wall_s``, ``time/compile_s``, ``time/eval_s`` and ``time/checkpoint_s``: summed over the segments (up to
-  each one's checkpoint).
+- ``time/wall_s``, ``time/compile_s``, ``time/compile_graphs``, ``time/eval_s`` and ``time/checkpoint_s``: summed
+  over the segments (up to each one's checkpoint).
 - evaluations and checkpoint saves are outside the training window (``outside_window``): they are not training, and
   a checkpoint after the last step (BERT-base with AdamW: 1.3 GB copied off the device and written) had counted in
   ``perf/steady_*``, ~2 s of a 5 s window at batch 64 on an H200 (GPU report 2026-11-26, run 3).
@@ -32,6 +32,7 @@ class Totals:
         if measured.get("meter"):
             self.meter.load_state_dict(measured["meter"])
         self.wall_start, self.compile_before = time.perf_counter(), compile_opt.compile_seconds()
+        self.graphs_before = compile_opt.compiled_graphs()
         self.outside_s = {"eval": 0.0, "checkpoint": 0.0}  # this segment's seconds outside the window, by kind
 
     @contextlib.contextmanager
@@ -56,6 +57,8 @@ class Totals:
         return {"meter": self.meter.state_dict(),
                 "wall_s": self.earlier.get("wall_s", 0.0) + time.perf_counter() - self.wall_start,
                 "compile_s": self.earlier.get("compile_s", 0.0) + compile_opt.compile_seconds() - self.compile_before,
+                "compile_graphs": (self.earlier.get("compile_graphs", 0) + compile_opt.compiled_graphs()
+                                   - self.graphs_before),
                 **{f"{k}_s": self.earlier.get(f"{k}_s", 0.0) + v for k, v in self.outside_s.items()},
                 "peak_memory": peaks}
 
@@ -63,4 +66,5 @@ class Totals:
         """The run's throughput, time and memory metrics, over all its segments."""
         now = self.so_far()
         return {**self.meter.summary(), **now["peak_memory"], "time/wall_s": now["wall_s"],
-                "time/compile_s": now["compile_s"], **{f"time/{k}_s": now[f"{k}_s"] for k in self.outside_s}}
+                "time/compile_s": now["compile_s"], "time/compile_graphs": now["compile_graphs"],
+                **{f"time/{k}_s": now[f"{k}_s"] for k in self.outside_s}}
