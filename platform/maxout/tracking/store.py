@@ -16,9 +16,6 @@ import re
 from pathlib import Path
 from typing import Iterator, Optional
 
-import mlflow
-import requests
-
 from ..config import TrackingConfig
 from ..errors import MaxoutError
 from ..paths import embedded_store
@@ -64,6 +61,8 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     """Fail fast, with the URI and a hint, instead of MLflow's minutes of retries against a dead server."""
     if not is_http(uri):
         return
+    import requests  # lazy: only a server needs it (start-up)
+
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
     except requests.RequestException as err:
@@ -98,6 +97,8 @@ def ensure_schema(uri: str) -> None:
         lock = open(lock_path, "a")
     except OSError:
         lock = None
+    import mlflow  # lazy: 0.7 s of start-up that processes resolving a URI only (tracking=none) never need
+
     with lock if lock is not None else contextlib.nullcontext():
         if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed, or the process dies
