@@ -93,3 +93,17 @@ def test_bad_overrides_give_one_line_errors(overrides, pattern, cpu_device):
 def test_project_configs_are_found_through_the_search_path():
     assert "nli_demo" in paths.group_options("data")
     assert any(p.name == "conf" and p.parent.name == "nli_demo" for p in paths.search_path())
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=tiny"],
+    ["model=tiny_qwen3", "model.adapter=lora", "hpo=default", "+tracking.tags.team=nlp", "registry.name=x"],
+    ["model=bert_base", "data.padding=packed", "hardware.match=[A,B]"],
+])
+def test_to_dict_is_omegaconfs_own_conversion_of_the_typed_config(overrides, cpu_device):
+    """config.to_dict walks the dataclasses itself (10 ms -> 0.06 ms, three times a run): it must give the tree
+    OmegaConf gives for the same typed config, which runs log and the run key hashes."""
+    from omegaconf import OmegaConf
+
+    cfg = loading.load(["hardware=cpu", *overrides], device=cpu_device)
+    assert config.to_dict(cfg) == OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
