@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from maxout import config, loading, paths
 from maxout.errors import ConfigError, HardwareError
 
-from .conftest import fake_cuda
+from .conftest import ROOT, fake_cuda
 
 GPU = fake_cuda()
 
@@ -107,3 +109,28 @@ def test_to_dict_is_omegaconfs_own_conversion_of_the_typed_config(overrides, cpu
 
     cfg = loading.load(["hardware=cpu", *overrides], device=cpu_device)
     assert config.to_dict(cfg) == OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def test_a_composition_is_reused_only_while_its_files_and_environment_are_the_same(tmp_path, monkeypatch,
+                                                                                   cpu_device):
+    """loading.compose keeps its compositions per process (a CLI command composes the same overrides twice): a
+    project file written since, or an environment variable the files interpolate, gives a new composition."""
+    shutil.copytree(ROOT / "projects" / "nli_demo" / "conf", tmp_path / "projects" / "nli_demo" / "conf")
+    conf = tmp_path / "projects" / "task" / "conf" / "model"
+    conf.mkdir(parents=True)
+    tiny = (loading.CONF_DIR / "model" / "tiny.yaml").read_text()
+    (conf / "mine.yaml").write_text(tiny.replace("name: tiny", "name: mine"))
+    monkeypatch.setenv("MAXOUT_ROOT", str(tmp_path))
+    from hydra import compose as hydras_own
+
+    calls = []  # Hydra's compositions
+    monkeypatch.setattr(loading, "hydra_compose", lambda **kw: calls.append(kw) or hydras_own(**kw))
+    overrides = ["hardware=cpu", "model=mine", "hpo=default"]
+    monkeypatch.setenv("MAXOUT_HPO_STORAGE", "sqlite:///one.db")
+    first = loading.load(overrides, device=cpu_device)
+    assert loading.load(overrides, device=cpu_device) == first and len(calls) == 1  # the second from the first
+    assert (first.model.name, first.hpo.storage) == ("mine", "sqlite:///one.db")
+    monkeypatch.setenv("MAXOUT_HPO_STORAGE", "sqlite:///two.db")
+    assert loading.load(overrides, device=cpu_device).hpo.storage == "sqlite:///two.db" and len(calls) == 2
+    (conf / "mine.yaml").write_text(tiny.replace("name: tiny", "name: mine-v2"))
+    assert loading.load(overrides, device=cpu_device).model.name == "mine-v2" and len(calls) == 3

@@ -15,6 +15,7 @@ Inputs. May import: errors, paths, config, hardware.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import re
@@ -131,20 +132,45 @@ def _environment() -> list[MaxoutError]:
 # ------------------------------------------------------------------------------------------ composition
 
 
+# Compositions this process made, by their overrides, the config files' state and the environment (the files
+# interpolate ${oc.env:...}): a CLI command composes the same overrides in its precheck and again in load(), and
+# a composition is ~66 ms of Hydra's own work (each YAML file parsed again); a copy is ~2 ms.
+_COMPOSED: dict[tuple, Any] = {}
+
+
+def _files_stamp(dirs: Sequence[Path]) -> tuple:
+    """Every config file under ``dirs`` with its modification time and size: a file written since is a new key."""
+    stamp = []
+    for top in dirs:
+        for folder, _, names in os.walk(top):
+            for name in names:
+                if name.endswith((".yaml", ".yml")):
+                    st = os.stat(os.path.join(folder, name))
+                    stamp.append((folder, name, st.st_mtime_ns, st.st_size))
+    return tuple(sorted(stamp))
+
+
 def compose(overrides: Sequence[str] = ()) -> Any:
     """Compose the raw Hydra config (a DictConfig) and translate Hydra's errors into one-line ConfigErrors."""
     _register_schema()
     overrides = list(overrides)
     for override in overrides:
         check_group_choice(override)
-    extra = [f"file://{p}" for p in search_path()]
+    dirs = search_path()
+    extra = [f"file://{p}" for p in dirs]
     if extra:
         overrides.append(f"hydra.searchpath=[{','.join(extra)}]")
+    key = (tuple(overrides), _files_stamp([CONF_DIR, *dirs]), hash(frozenset(os.environ.items())))
+    if key in _COMPOSED:
+        return copy.deepcopy(_COMPOSED[key])
     raw = None
     try:
         with initialize_config_dir(version_base=None, config_dir=str(CONF_DIR), job_name="maxout"):
             raw = hydra_compose(config_name="config", overrides=overrides)
         OmegaConf.resolve(raw)  # an interpolation that points nowhere (${nope}) fails here, by key, not later
+        if len(_COMPOSED) >= 32:
+            _COMPOSED.pop(next(iter(_COMPOSED)))
+        _COMPOSED[key] = copy.deepcopy(raw)
         return raw
     except MissingConfigException as err:
         found = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
