@@ -51,6 +51,17 @@ XDIST_GROUPS = {"tests/test_mlflow_run.py": "docker", "tests/test_platform.py": 
                 "tests/test_registry_e2e.py": "registry-server", "tests/test_registry_race.py": "registry-race",
                 "tests/test_distributed_e2e.py": "torchrun", "tests/test_slurm.py": "slurm-cluster"}
 LATE_GROUPS = ("docker",)
+# Tests grouped by node id. The cases that compile with inductor on this CPU: on one worker the later ones find the
+# first one's compiled code in the process (0.4 s); dealt to both, one waited 11.7 s on inductor's cache lock while
+# the other compiled (a fresh-clone run, 2026-11-27), then compiled again from the cache.
+NODE_GROUPS = {"tests/test_optimizations.py::test_optimization_support_apply_and_params[compile": "inductor",
+               "tests/test_optimizations.py::test_optimization_support_apply_and_params[inductor_tuning": "inductor"}
+
+
+def xdist_group(nodeid: str) -> str:
+    """The unit of work a test belongs to under --dist loadgroup: its module's group, its node id's, or itself."""
+    return XDIST_GROUPS.get(nodeid.split("::")[0]) or next(
+        (group for prefix, group in NODE_GROUPS.items() if nodeid.startswith(prefix)), nodeid)
 
 
 def queue_order(items: list) -> list:
@@ -73,7 +84,7 @@ def queue_order(items: list) -> list:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist controller, --dist loadgroup: XDIST_GROUPS by file. xdist's own loadgroup reads xdist_group marks
+    """xdist controller, --dist loadgroup: XDIST_GROUPS by file, NODE_GROUPS by node id. xdist's own loadgroup reads xdist_group marks
     through a node id suffix that pytest 9 no longer lets it write (Node.nodeid is derived), so every test was
     dealt on its own."""
     if config.getvalue("dist") != "loadgroup":
@@ -82,7 +93,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return XDIST_GROUPS.get(nodeid.split("::")[0], nodeid)
+            return xdist_group(nodeid)
 
     return GroupScheduling(config, log)
 
