@@ -84,9 +84,9 @@ def queue_order(items: list) -> list:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist controller, --dist loadgroup: XDIST_GROUPS by file, NODE_GROUPS by node id. xdist's own loadgroup reads xdist_group marks
-    through a node id suffix that pytest 9 no longer lets it write (Node.nodeid is derived), so every test was
-    dealt on its own."""
+    """xdist controller, --dist loadgroup: XDIST_GROUPS by file, NODE_GROUPS by node id. xdist's own loadgroup
+    reads xdist_group marks through a node id suffix that pytest 9 no longer lets it write (Node.nodeid is derived),
+    so every test was dealt on its own."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
