@@ -207,7 +207,7 @@ gpu-commit:
 	echo $$c > $(GPU_WHEELS)/COMMIT; echo "maxout: $(GPU_WHEELS)/COMMIT: $$c"
 
 ## gpu-report: the GPU report, one planned device call at a time (benchmarks/gpu_report.py; on a CPU the CPU-safe
-##   parts)   make gpu-report OUT=DIR ARGS="--plan call1"   then   ARGS="--plan call2"
+##   parts)   make gpu-report OUT=DIR ARGS="--plan call1"   then   ARGS="--plan call2", ARGS="--plan call3"
 gpu-report:
 	$(GPU_PYTHON) -m benchmarks.gpu_report --out $(OUT) $(ARGS)
 
@@ -215,7 +215,7 @@ gpu-report:
 ##   3.12, torch 2.11, transformers 5.17, ...; built once in $(GPU_REPLICA), a few GB from PyPI, so not in CI): the
 ##   carried wheels installed into a fresh folder, the closure check, then the report at smoke scale, with the
 ##   call's plan: make gpu-rehearsal GPU_REPLICA_PYTHON=/root/.pyenv/versions/3.12.1/bin/python3.12 \
-##   OUT=/tmp/rehearsal-1 ARGS="--plan call1"   (then OUT=/tmp/rehearsal-2 ARGS="--plan call2")
+##   OUT=/tmp/rehearsal-1 ARGS="--plan call1"   (then rehearsal-2 with call2, rehearsal-3 with call3)
 gpu-rehearsal: gpu-wheels $(GPU_REPLICA)/.installed
 	rm -rf $(GPU_REPLICA)-site && mkdir -p $(OUT)
 	set -o pipefail; export PATH=$(GPU_REPLICA)/bin:$$PATH; \
