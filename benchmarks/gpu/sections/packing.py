@@ -109,10 +109,18 @@ def markdown(results: dict) -> str:
         lines.append(f"| {r['mix']} | {r['setting']} | {fmt(r['samples_per_s'], '.1f')} | "
                      f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r['padding_efficiency'], '.1%')} | "
                      f"{fmt(r['peak_memory_gb'], '.2f')} |")
-    lines += ["", "| mix | packed ÷ bucketed (P8, goal ≥ 1.3×) | per order |", "|---|---|---|"]
+    # What padding alone can give: the tokens bucketed batches process per real token. Beyond it, only the costs
+    # packing also removes (the mask, per-batch overheads) can lift the ratio (1.14x on the H200's demo mix).
+    bucketed: dict[str, float] = {}
+    for r in results.get("runs", []):
+        if r["setting"] == "bucketed" and r.get("padding_efficiency"):
+            bucketed[r["mix"]] = min(bucketed.get(r["mix"], 1.0), r["padding_efficiency"])
+    lines += ["", "| mix | packed ÷ bucketed (P8, goal ≥ 1.3×) | per order | padding alone bounds it at |",
+              "|---|---|---|---|"]
     for mix, r in results.get("ratios", {}).items():
         lines.append(f"| {mix} | **{fmt(r['packed_over_bucketed'], '.2f')}×** | "
-                     f"{', '.join(f'{x:.2f}×' for x in r['per_order']) or '–'} |")
+                     f"{', '.join(f'{x:.2f}×' for x in r['per_order']) or '–'} | "
+                     f"{fmt(1 / bucketed[mix] if mix in bucketed else None, '.2f')}× |")
     if results.get("left_out"):
         lines += ["", "Left out for lack of time: " + "; ".join(results["left_out"]) + "."]
     return "\n".join(lines)
