@@ -17,16 +17,16 @@ command runs for at most 10 minutes. So the report is planned calls (``--plan``,
 The hpo workers, the ablation, the audit and BERT-large's MFU fit none of the calls: each needs a loan of its own
 (``--sections hpo``).
 
-benchmarks/README.md has both commands verbatim (the carried wheels installed first). Each section runs in its own
+benchmarks/README.md has each call's command verbatim (the carried wheels installed first). Each section runs in its own
 process with a time limit; one that is not worth starting in the time left is skipped with the reason, and the report
 ends with the command that runs what was cut. While a section runs, whatever it has recorded is merged into
 report.json and report.md every few seconds, so a section (or the whole command) killed at a limit keeps every figure
 it had. On a machine without CUDA the CPU-safe sections run at ``--scale smoke`` (tiny models, a few steps) and the
 others say why they were skipped: tests/test_gpu_report.py runs it that way.
 
-Options: --plan (call1, call2, call3: sections, budget and per-section limits), --budget-s (default 540, or the plan's),
---sections (a comma-separated subset, run in registry order), --scale (auto: full with CUDA, smoke without), --cuda
-(auto: ask torch in a subprocess; no: rehearse the CPU path), --keep-work (keep the scratch folder).
+Options: --plan (call1, call2, call3: sections, budget and per-section limits), --budget-s (default 540, or the
+plan's), --sections (a comma-separated subset, run in registry order), --scale (auto: full with CUDA, smoke without),
+--cuda (auto: ask torch in a subprocess; no: rehearse the CPU path), --keep-work (keep the scratch folder).
 """
 
 from __future__ import annotations

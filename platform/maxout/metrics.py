@@ -522,12 +522,17 @@ def per_class_scores(confusion: list[list[int]]) -> list[tuple[float, float, flo
     return scores
 
 
+def accuracy(confusion: list[list[int]]) -> float:
+    """The share of rows on the diagonal (0 for an empty matrix)."""
+    total = sum(map(sum, confusion))
+    return sum(confusion[c][c] for c in range(len(confusion))) / total if total else 0.0
+
+
 def classification_scores(confusion: list[list[int]], label_names: list[str], split: str = "eval") -> dict[str, float]:
     """Accuracy, macro-F1 and per-class precision / recall / F1 from a confusion matrix (host numbers); macro-F1
     averages over every class of the label set (per_class_scores)."""
     k = len(confusion)
-    total = sum(map(sum, confusion))
-    out: dict[str, float] = {f"{split}/accuracy": sum(confusion[c][c] for c in range(k)) / total if total else 0.0}
+    out: dict[str, float] = {f"{split}/accuracy": accuracy(confusion)}
     scores = per_class_scores(confusion)
     for name, (precision, recall, f1, _) in zip(label_names, scores):
         out.update({per_class_name(split, "precision", name): precision, per_class_name(split, "recall", name): recall,

@@ -174,5 +174,5 @@ WHY_CUDA = "needs a CUDA device: there is no meaningful peak to divide by on a C
 SECTION = Section("mfu", "MFU, compile off", run, needs=("cuda",), min_s={"full": 45, "smoke": 20},
                   max_s={"full": 120, "smoke": 120}, markdown=markdown, chart=chart, why_cuda=WHY_CUDA)
 SECTION_COMPILED = Section("mfu_compiled", "MFU, compiled as the profile sets it",
-                           functools.partial(run, compiled=True), needs=("cuda",), min_s={"full": 100, "smoke": 20}, max_s={"full": 300, "smoke": 120},
-                           markdown=markdown, chart=chart, why_cuda=WHY_CUDA)
+                           functools.partial(run, compiled=True), needs=("cuda",), min_s={"full": 100, "smoke": 20},
+                           max_s={"full": 300, "smoke": 120}, markdown=markdown, chart=chart, why_cuda=WHY_CUDA)

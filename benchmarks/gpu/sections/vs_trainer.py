@@ -130,8 +130,7 @@ def run(ctx: Context) -> None:
                      "rows": args.train_rows, "mean_length": args.mean_length, "batch": args.batch,
                      **{k: got.get(k) for k in ("samples_per_s", "tokens_per_s", "peak_memory_gb", "compile_s",
                                                 "compile_graphs", "padding_efficiency", "precision", "attention",
-                                                "compile",
-                                                "busy_share", "gpu_utilization")}})
+                                                "compile", "busy_share", "gpu_utilization")}})
         print(f"vs_trainer: {mix}: {contender} ({order}): {got['samples_per_s']:.2f} samples/s "
               f"({runs[-1]['seconds']:.0f} s)", flush=True)
         ctx.record("runs", runs)
@@ -157,9 +156,9 @@ def markdown(results: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results.get("runs", []):
         graphs = f" ({r['compile_graphs']})" if r.get("compile_graphs") is not None else ""
+        nvml = "–" if r.get("gpu_utilization") is None else f"{r['gpu_utilization']:.0f}%"
         lines.append(f"| {r['mix']} | {r['contender']} | {r['order']} | {fmt(r['samples_per_s'], '.1f')} | "
-                     f"{fmt(r['tokens_per_s'], '.0f')} | {fmt(r.get('gpu_utilization'), '.0f')}"
-                     f"{'%' if r.get('gpu_utilization') is not None else ''} | {fmt(r.get('busy_share'), '.0%')} | "
+                     f"{fmt(r['tokens_per_s'], '.0f')} | {nvml} | {fmt(r.get('busy_share'), '.0%')} | "
                      f"{fmt(r['peak_memory_gb'], '.2f')} | {fmt(r['compile_s'], '.1f')}{graphs} | {r['seconds']:.0f} |")
     lines += ["", "| mix | maxout ÷ Trainer best (mean) | per order | maxout ÷ Trainer compiled | "
                   "compile's gain (maxout ÷ maxout eager) | maxout eager ÷ Trainer best |", "|---|---|---|---|---|---|"]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MaxoutError
-from ..metrics import per_class_scores
+from ..metrics import accuracy, per_class_scores
 from ..tracking.tracker import Tracker
 from .evaluate import Evaluation
 
@@ -28,15 +28,14 @@ def classification_report(confusion: list[list[int]], label_names: list[str], di
     scores = per_class_scores(confusion)
     precision, recall, f1, support = (np.asarray(column) for column in zip(*scores))
     total = int(support.sum())
-    hits = sum(confusion[c][c] for c in range(len(confusion)))
-    accuracy = hits / total if total else 0.0  # the micro average: every label is in the report
     width = max(*(len(str(n)) for n in label_names), len("weighted avg"), digits)
     row = "{:>{width}s} " + " {:>9.{digits}f}" * 3 + " {:>9}\n"
     text = ("{:>{width}s} " + " {:>9}" * 4).format("", "precision", "recall", "f1-score", "support", width=width)
     text += "\n\n" + "".join(row.format(str(name), *per_class, width=width, digits=digits)
                              for name, per_class in zip(label_names, scores))
+    # accuracy is the micro average: every label is in the report
     text += "\n" + ("{:>{width}s} " + " {:>9.{digits}}" * 2 + " {:>9.{digits}f} {:>9}\n").format(
-        "accuracy", "", "", accuracy, total, width=width, digits=digits)
+        "accuracy", "", "", accuracy(confusion), total, width=width, digits=digits)
     text += row.format("macro avg", *(np.average(x) for x in (precision, recall, f1)), total, width=width,
                        digits=digits)
     weighted = [np.average(x, weights=support) if total else 0.0 for x in (precision, recall, f1)]
