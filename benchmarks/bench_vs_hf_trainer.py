@@ -66,7 +66,9 @@ def excluded_steps(args) -> int:
     return math.ceil(args.train_rows / args.batch) * (args.epochs - 1) + args.warmup
 
 
-def maxout_run(args) -> dict:
+def maxout_run(args, after=None) -> dict:
+    """One maxout training run of ``args``; ``after(result)``, if given, runs on the trained set-up before it is
+    dropped (its figures go in the returned dict as ``after``)."""
     from maxout import loading
     from maxout.tracking.tracker import NullTracker
     from maxout.train import train
@@ -88,7 +90,8 @@ def maxout_run(args) -> dict:
             "gpu_utilization": m.get("gpu/utilization_mean"),
             "precision": result.setup.decision("precision").effective, "profile": cfg.hardware.name,
             "attention": result.setup.decision("attention").effective,
-            "tf32": result.setup.decision("tf32").effective, "compile": result.setup.decision("compile").effective}
+            "tf32": result.setup.decision("tf32").effective, "compile": result.setup.decision("compile").effective,
+            "after": after(result) if after is not None else None}
 
 
 def trainer_run(args, best: bool, precision: str, attention: str, compile: bool = False, tf32: bool = False) -> dict:

@@ -18,10 +18,11 @@ import time
 
 import pandas as pd
 import pytest
+import torch
 from packaging.utils import canonicalize_name
 
 from benchmarks import gpu_report
-from benchmarks.gpu import report, wheels, workloads
+from benchmarks.gpu import host_time, report, wheels, workloads
 from benchmarks.gpu.sections import EXPECTED_S, PLANS, SECTIONS, gpu_tests, hpo, mfu, vs_trainer
 
 from .conftest import ROOT
@@ -245,20 +246,43 @@ def test_profile_kernels_are_told_apart_by_name(name, kind):
     assert mfu.kind(name) == kind
 
 
-def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
-    from maxout import loading
+def tiny_setup(folder):
+    """A built (untrained) set-up of the tiny model on 32 demo rows, batch 8: 4 steps an epoch."""
+    from maxout import hardware, loading
     from maxout.train import prepare
     from maxout.train.setup import build
 
-    cfg = loading.load(["hardware=cpu", *workloads.model("tiny"), *workloads.demo(tmp_path, rows=32),
+    cfg = loading.load(["hardware=cpu", *workloads.model("tiny"), *workloads.demo(folder, rows=32),
                         "tracking=none", "train.batch_size=8"])
     checked = prepare.check(cfg)
-    from maxout import hardware
+    return build(cfg, hardware.detect(), checked.dataset, checked.tokenizer)
 
-    profile = mfu.profile_steps(build(cfg, hardware.detect(), checked.dataset, checked.tokenizer), steps=2)
+
+def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
+    profile = mfu.profile_steps(tiny_setup(tmp_path), steps=2)
     assert profile["steps"] == 2 and profile["device_ms"] > 0
     assert sum(profile["shares"].values()) == pytest.approx(1.0) and profile["shares"]["matmul"] > 0
     assert profile["top"] and all(t["kind"] in ("matmul", "attention", "other") for t in profile["top"])
+
+
+def test_the_host_split_partitions_each_step_and_runs_on_across_epochs(tmp_path):
+    setup = tiny_setup(tmp_path)
+    before = [p.detach().clone() for p in setup.model.parameters()]
+    got = host_time.split(setup, steps=6, profiled=2)  # 6 + 2 steps: past the 4-step epoch, twice
+    assert any(not torch.equal(a, b) for a, b in zip(before, setup.model.parameters()))  # real steps were taken
+    assert got["steps"] == 6 and got["profiled_steps"] == 2
+    assert 0 < got["data_ms"] and 0 < got["issue_ms"] and got["data_ms"] + got["issue_ms"] <= got["wall_ms"]
+    # a CPU: no kernels, no launches, no sync count (tests/test_host_syncs.py counts a CPU's would-be syncs)
+    assert (got["kernel_ms"], got["kernels_per_step"], got["syncs_per_step"]) == (None, None, None)
+    assert got["launches_per_step"] == 0
+    ops = [o["op"] for o in got["top_host"]]
+    assert len(ops) == 10 and any(op.startswith("aten::") for op in ops)
+    assert all(a["ms_per_step"] >= b["ms_per_step"] > 0 for a, b in zip(got["top_host"], got["top_host"][1:]))
+    table = host_time.markdown({"maxout": got})
+    assert table[2].startswith(f"| maxout | {got['wall_ms']:.2f} | {got['data_ms']:.2f} | {got['issue_ms']:.2f} | "
+                               f"– | – | 0 (0.00) | {got['host_ops_ms']:.2f} | – |")
+    assert sum(o["ms_per_step"] for o in got["top_host"]) <= got["host_ops_ms"]
+    assert ops[0] in table[-1]
 
 
 def _trial(number, state, start, end, worker):

@@ -1,0 +1,112 @@
+"""Where a training step's time goes on the host, for a set-up that has already trained (its graphs compiled, its
+allocator warm): the question the H200's batch-64 runs left open.
+
+At batch 64 on the demo mix maxout ran 34 ms a step (1860 samples/s) while NVML saw the GPU busy 33-41% of the time,
+and compile saved only 4 ms a step over eager (2026-11-27). So most of the step is the host's, and the figures
+cannot say whose: the kernel launches, the DataLoader, a hidden sync, the optimizer or Python around them. This
+runs more steps of the trainer's own ``train_step`` and splits them three ways:
+
+- timed (no instrument inside the steps): the wait for the next batch, the time ``train_step`` takes to return
+  (the host queueing the step's work: launches, plus any wait on the device inside it) and the wall time per step
+  with one sync at the end. Issue time near the wall time and kernel time well below it: the host sets the pace.
+- counted (CUDA only): synchronizing operations per step, by torch's sync debug mode (insight/breakdown.py's
+  counter; on a CPU tests/test_host_syncs.py counts them).
+- profiled (torch.profiler, a few steps): kernel time and kernels per step, the CPU time spent in kernel-launch
+  calls, the CPU self time of all the ops the profiler sees (issue time beyond it is Python: the loop, module
+  calls, dynamo's guards and wrappers; the profiler slows both, so compare within its own figures), and the host
+  ops with the most CPU self time.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Iterator
+
+LAUNCH = re.compile(r"^(cudaLaunch|cuLaunch|cudaGraphLaunch|cudaMemcpyAsync|cudaMemsetAsync)")
+
+
+def _steps(setup: Any) -> Iterator[list]:
+    """The set-up's optimizer-step groups, epoch after epoch (as many as asked for)."""
+    from maxout.train.loop import accumulation_groups  # lazy: imports torch
+
+    while True:
+        yield from accumulation_groups(setup.train_loader, setup.accum_steps)
+
+
+def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top: int = 10) -> dict:
+    """Per-step host figures over ``steps`` timed steps, ``counted`` ones (CUDA) and ``profiled`` profiled ones;
+    milliseconds per optimizer step."""
+    import torch  # lazy: the report's parent process never imports torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from maxout.insight.breakdown import SyncCounter  # lazy: imports torch
+    from maxout.metrics import Throughput, sync  # lazy: imports torch
+    from maxout.train.loop import train_step  # lazy: imports torch
+
+    device, cuda = setup.device.torch_device, setup.device.is_cuda
+    meter, groups = Throughput(device), _steps(setup)
+    data_s = issue_s = 0.0
+    sync(device)
+    began = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        group = next(groups)
+        t1 = time.perf_counter()
+        train_step(setup, group, meter)
+        data_s, issue_s = data_s + t1 - t0, issue_s + time.perf_counter() - t1
+    sync(device)
+    wall_s = time.perf_counter() - began
+    out: dict[str, Any] = {"steps": steps, "wall_ms": 1e3 * wall_s / steps, "data_ms": 1e3 * data_s / steps,
+                           "issue_ms": 1e3 * issue_s / steps, "syncs_per_step": None}
+    if cuda:
+        counter = SyncCounter(device, setup.optimizer)
+        counter.open()
+        try:
+            for _ in range(counted):
+                train_step(setup, next(groups), meter)
+        finally:
+            counter.close()
+        out["syncs_per_step"] = counter.count / counted
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        for _ in range(profiled):
+            train_step(setup, next(groups), meter)
+        sync(device)
+    kernel_ms = kernels = launch_ms = launches = 0.0
+    host: dict[str, float] = {}
+    for event in prof.key_averages():
+        if cuda and event.device_type == torch.autograd.DeviceType.CUDA:
+            kernel_ms += event.self_device_time_total / 1e3
+            kernels += event.count
+        elif event.device_type == torch.autograd.DeviceType.CPU:
+            if LAUNCH.match(event.key):
+                launch_ms, launches = launch_ms + event.self_cpu_time_total / 1e3, launches + event.count
+            host[event.key] = host.get(event.key, 0.0) + event.self_cpu_time_total / 1e3
+    ranked = sorted(host.items(), key=lambda kv: -kv[1])[:top]
+    out.update({"profiled_steps": profiled, "kernel_ms": kernel_ms / profiled if cuda else None,
+                "kernels_per_step": kernels / profiled if cuda else None,
+                "launch_ms": launch_ms / profiled, "launches_per_step": launches / profiled,
+                "host_ops_ms": sum(host.values()) / profiled,
+                "top_host": [{"op": name[:100], "ms_per_step": ms / profiled} for name, ms in ranked]})
+    return out
+
+
+def markdown(rows: dict[str, dict]) -> list[str]:
+    """A table of ``split`` results, one row per run name, then each run's busiest host ops."""
+    if not rows:
+        return []
+    fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
+    lines = ["| run | wall ms/step | data wait ms | issue ms (train_step returns) | kernel ms | kernels | "
+             "launch calls (CPU ms) | ops' CPU self ms (profiled) | syncs/step |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['wall_ms']:.2f} | {r['data_ms']:.2f} | {r['issue_ms']:.2f} | "
+                     f"{fmt(r['kernel_ms'], '.2f')} | {fmt(r['kernels_per_step'], '.0f')} | "
+                     f"{r['launches_per_step']:.0f} ({r['launch_ms']:.2f}) | {r['host_ops_ms']:.2f} | "
+                     f"{fmt(r['syncs_per_step'], '.1f')} |")
+    for name, r in rows.items():
+        ops = ", ".join(f"`{o['op'][:60]}` {o['ms_per_step']:.2f}" for o in r["top_host"][:6])
+        lines.append(f"\n{name}, host ops with the most CPU self time (ms per step): {ops}.")
+    return lines
