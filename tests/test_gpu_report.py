@@ -379,6 +379,43 @@ def test_the_ablation_measures_cuda_graphs_against_default_mode_on_the_same_buck
                    "compile_mode=reduce-overhead": ("reduce-overhead", 8, True)}
 
 
+def test_each_fused_kernel_flag_has_an_ablation_grid_that_turns_only_it_on_for_its_model(tmp_path, monkeypatch):
+    """Issue 37: each fused-kernel flag is in the ablation. Liger's grid trains a Qwen3-0.6B-shaped decoder (the
+    models Liger has kernels for), inductor tuning's a compiled BERT-base; on an H200 with liger-kernel installed,
+    each grid's cells differ in that one decision."""
+    from transformers import BertForSequenceClassification, Qwen3ForSequenceClassification
+
+    from benchmarks.gpu.registry import Context
+    from benchmarks.gpu.sections import ablation
+    from maxout import loading
+    from maxout.insight import grid as grid_mod
+    from maxout.optimizations import compile as compile_opt, liger_kernel, named
+    from maxout.train.setup import plan_decisions
+
+    from .conftest import fake_cuda
+
+    monkeypatch.setattr(workloads, "long_mix", lambda folder, rows: [])  # another grid's rows: not this test's
+    monkeypatch.setattr(compile_opt, "has_triton", lambda: True)
+    monkeypatch.setattr(liger_kernel, "installed_kernels", lambda: ({"qwen3", "llama"}, ""))
+    ctx = Context("ablation", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
+    grids = {spec: extra for _, spec, extra, _, _ in ablation.grids(ctx, cuda=True)}
+    h200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
+    for spec, flag, model_class, model_type in [("liger_kernel=off,on", "liger_kernel", Qwen3ForSequenceClassification,
+                                                 "qwen3"),
+                                                ("inductor_tuning=off,on", "inductor_tuning",
+                                                 BertForSequenceClassification, "bert")]:
+        base = loading.load(ablation.merged(ablation.base_overrides(ctx), grids[spec]), device=h200)
+        assert (base.model.architecture.get("model_type", "bert"), base.model.tokenizer) == (model_type, "bundled")
+        got = {}
+        for cell in grid_mod.cells(grid_mod.parse_grid(spec)):
+            decisions = plan_decisions(cell.apply(base), h200, model_class)
+            got[cell.name] = {n: named(decisions, n).effective for n in ("liger_kernel", "inductor_tuning", "compile")}
+        off = {"liger_kernel": False, "inductor_tuning": False, "compile": flag == "inductor_tuning"}
+        assert got == {f"{flag}=off": off, f"{flag}=on": {**off, flag: True}}, spec
+    qwen = loading.load(ablation.merged(ablation.base_overrides(ctx), grids["liger_kernel=off,on"]), device=h200)
+    assert qwen.model.architecture["hidden_size"] == 1024 and qwen.model.architecture["num_hidden_layers"] == 28
+
+
 def test_a_cut_batch_finder_section_keeps_its_margin_line_and_a_rung_stops_at_its_first_oom():
     """2026-11-26, call 2: the finder fitted 2701 rows, training ran at 2048 and 2701, and the section was cut at 50 s
     while the 2837-row run went on at half the rows after its out-of-memory recovery, before the margin line. The

