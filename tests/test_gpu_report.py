@@ -258,6 +258,20 @@ def tiny_setup(folder):
     return build(cfg, hardware.detect(), checked.dataset, checked.tokenizer)
 
 
+def test_the_compile_off_mfu_measures_low_precision_layernorm_against_fp32_in_the_same_call(tmp_path):
+    from benchmarks.gpu.registry import Context
+
+    ctx = Context("mfu", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
+    plain, low = mfu.cases(ctx, compiled=False)
+    assert plain["data"]() + ["hardware.low_precision_layernorm=true"] == low["data"]()
+    assert "hardware.compile=false" in plain["data"]() and low["name"] == mfu.LOW_PRECISION_LN
+    case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 400_000.0, "flops_per_token": 6.6e8,
+            "mfu_datasheet": 0.23, "mfu_measured_peak": None, "padding_efficiency": 0.85, "compile_s": None,
+            "peak_memory_gb": 50.0}
+    table = mfu.markdown({"cases": {plain["name"]: case, low["name"]: {**case, "steady_tokens_per_s": 480_000.0}}})
+    assert "Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run): **1.20×** tokens/s." in table
+
+
 def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
     profile = mfu.profile_steps(tiny_setup(tmp_path), steps=2)
     assert profile["steps"] == 2 and profile["device_ms"] > 0
@@ -381,8 +395,9 @@ def test_the_ablation_measures_cuda_graphs_against_default_mode_on_the_same_buck
 
 def test_each_fused_kernel_flag_has_an_ablation_grid_that_turns_only_it_on_for_its_model(tmp_path, monkeypatch):
     """Issue 37: each fused-kernel flag is in the ablation. Liger's grid trains a Qwen3-0.6B-shaped decoder (the
-    models Liger has kernels for), inductor tuning's a compiled BERT-base; on an H200 with liger-kernel installed,
-    each grid's cells differ in that one decision."""
+    models Liger has kernels for), low-precision LayerNorm's BERT-base eager and compiled, inductor tuning's a compiled
+    BERT-base; on an H200 with liger-kernel installed, each grid's cells differ in that one setting (low-precision
+    LayerNorm is decided when the model is built: its requested value here)."""
     from transformers import BertForSequenceClassification, Qwen3ForSequenceClassification
 
     from benchmarks.gpu.registry import Context
@@ -398,21 +413,23 @@ def test_each_fused_kernel_flag_has_an_ablation_grid_that_turns_only_it_on_for_i
     monkeypatch.setattr(compile_opt, "has_triton", lambda: True)
     monkeypatch.setattr(liger_kernel, "installed_kernels", lambda: ({"qwen3", "llama"}, ""))
     ctx = Context("ablation", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
-    grids = {spec: extra for _, spec, extra, _, _ in ablation.grids(ctx, cuda=True)}
+    grids = {(spec, "hardware.compile=true" in extra): extra for _, spec, extra, _, _ in ablation.grids(ctx, cuda=True)}
     h200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
-    for spec, flag, model_class, model_type in [("liger_kernel=off,on", "liger_kernel", Qwen3ForSequenceClassification,
-                                                 "qwen3"),
-                                                ("inductor_tuning=off,on", "inductor_tuning",
-                                                 BertForSequenceClassification, "bert")]:
-        base = loading.load(ablation.merged(ablation.base_overrides(ctx), grids[spec]), device=h200)
+    for (spec, compiled), flag, model_class, model_type in [
+            (("liger_kernel=off,on", False), "liger_kernel", Qwen3ForSequenceClassification, "qwen3"),
+            *[(("low_precision_layernorm=off,on", compiled), "low_precision_layernorm", BertForSequenceClassification,
+               "bert") for compiled in (False, True)],
+            (("inductor_tuning=off,on", True), "inductor_tuning", BertForSequenceClassification, "bert")]:
+        base = loading.load(ablation.merged(ablation.base_overrides(ctx), grids[spec, compiled]), device=h200)
         assert (base.model.architecture.get("model_type", "bert"), base.model.tokenizer) == (model_type, "bundled")
         got = {}
         for cell in grid_mod.cells(grid_mod.parse_grid(spec)):
             decisions = plan_decisions(cell.apply(base), h200, model_class)
             got[cell.name] = {n: named(decisions, n).effective for n in ("liger_kernel", "inductor_tuning", "compile")}
-        off = {"liger_kernel": False, "inductor_tuning": False, "compile": flag == "inductor_tuning"}
+            got[cell.name]["low_precision_layernorm"] = cell.apply(base).hardware.low_precision_layernorm  # at build
+        off = {"liger_kernel": False, "inductor_tuning": False, "low_precision_layernorm": False, "compile": compiled}
         assert got == {f"{flag}=off": off, f"{flag}=on": {**off, flag: True}}, spec
-    qwen = loading.load(ablation.merged(ablation.base_overrides(ctx), grids["liger_kernel=off,on"]), device=h200)
+    qwen = loading.load(ablation.merged(ablation.base_overrides(ctx), grids["liger_kernel=off,on", False]), device=h200)
     assert qwen.model.architecture["hidden_size"] == 1024 and qwen.model.architecture["num_hidden_layers"] == 28
 
 

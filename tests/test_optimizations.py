@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from maxout import loading
-from maxout.optimizations import NAMES, grad_clipping, inductor_tuning, tf32
+from maxout.optimizations import NAMES, grad_clipping, inductor_tuning, low_precision_layernorm, tf32
 from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 
@@ -120,6 +120,12 @@ SETTINGS: dict[str, Case] = {
         ["hardware.liger_kernel=true"], {"opt.liger_kernel.requested": "true", "opt.liger_kernel.effective": "false"},
         lambda r, d: not any(type(m).__name__.startswith("Liger") or "Liger" in m._get_name()
                              for m in r.setup.model.modules()), {"opt.liger_kernel.reason": "no CUDA device"}),
+    "low_precision_layernorm_off_without_cuda": Case(
+        ["hardware.low_precision_layernorm=true"], {"opt.low_precision_layernorm.requested": "true",
+                                                    "opt.low_precision_layernorm.effective": "false"},
+        lambda r, d: not any(isinstance(m, low_precision_layernorm.LowPrecisionLayerNorm)
+                             for m in r.setup.model.modules()),
+        {"opt.low_precision_layernorm.reason": "CPU autocast already runs LayerNorm in the low-precision dtype"}),
     "inductor_tuning_off_without_cuda": Case(
         ["hardware.inductor_tuning=true", "hardware.compile=true"], {"opt.inductor_tuning.effective": "false"},
         lambda r, d: not inductor_tuning.enabled(), {"opt.inductor_tuning.reason": "no CUDA device"}),

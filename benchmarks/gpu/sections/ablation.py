@@ -4,12 +4,13 @@ grid per question, each against its own baseline cell, in order of value. First 
 widths, both cells at the same widths so only the mode differs (in vs_trainer reduce-overhead ran at 0.53x the
 Trainer, default at 0.79x in an earlier run: not one comparison). Its cells run more steps and leave more out of the
 timing: a width's first batch records its graphs, and all 8 widths must have come by before the window opens. Then
-Liger's fused kernels in a decoder (a random Qwen3-0.6B, eager), precision (fp32, TF32, fp16, bf16), attention
-(eager, SDPA, flash-attention 2 where its package is installed), fused AdamW, length bucketing, how rows become
-batches (padded, length-bucketed, packed by a token budget) on the 128-512-token mix where padding costs most,
-inductor's coordinate-descent tuning (compiled BERT-base), compile (off, default), and the compile mode (default,
-max-autotune, on static shapes so CUDA graphs can run). Speed-up, padding efficiency, memory ratio and compile
-seconds per cell. A grid that no longer fits the section's time is left out, and says so.
+the fused-kernel flags: Liger's kernels in a decoder (a random Qwen3-0.6B, eager) and LayerNorm in bf16 (eager, then
+compiled); precision (fp32, TF32, fp16, bf16), attention (eager, SDPA, flash-attention 2 where its package is
+installed), fused AdamW, length bucketing, how rows become batches (padded, length-bucketed, packed by a token
+budget) on the 128-512-token mix where padding costs most, inductor's coordinate-descent tuning (compiled BERT-base),
+compile (off, default), and the compile mode (default, max-autotune, on static shapes so CUDA graphs can run).
+Speed-up, padding efficiency, memory ratio and compile seconds per cell. A grid that no longer fits the section's
+time is left out, and says so.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def grids(ctx: Context, cuda: bool) -> list[tuple[str, str, list[str], float, in
     grid = [("compile mode (bucketed, 8 widths)", "compile_mode=default,reduce-overhead", BUCKETED_8, 200, 100),
             # the fused-kernel flags (issue 37): Liger's RMSNorm and SwiGLU against eager in a decoder classifier
             ("Liger kernels (random Qwen3-0.6B)", "liger_kernel=off,on", workloads.model("qwen3_0_6b"), 60),
+            # and LayerNorm in bf16 in the encoder (a 16-bit residual stream), eager and compiled
+            ("low-precision LayerNorm", "low_precision_layernorm=off,on", [], 30),
+            ("low-precision LayerNorm (compiled)", "low_precision_layernorm=off,on", compiled, 200),
             ("precision", "precision=fp32,fp16,bf16 tf32=off,on", [], 60),
             ("attention", "attention=eager,sdpa,flash_attention_2", [], 30),
             ("fused AdamW", "fused_adamw=off,on", [], 20),

@@ -35,7 +35,7 @@ from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, named, packing
-from ..optimizations import inductor_tuning, liger_kernel, pad_widths
+from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, pad_widths
 from ..optimizations import precision as precision_opt, tf32
 from ..tracking.params import NOTE, device_params, note, run_name
 from ..tracking.tracker import Tracker, closing, start
@@ -57,7 +57,9 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
                   asked.get("gradient_checkpointing", cfg.hardware.gradient_checkpointing)),
               "tf32": lambda: tf32.supported(device),
               "liger_kernel": lambda: liger_kernel.supported(device, _model_type(cfg, tokenizer)),
-              "inductor_tuning": lambda: inductor_tuning.supported(device, asked.get("compile", cfg.hardware.compile))}
+              "inductor_tuning": lambda: inductor_tuning.supported(device, asked.get("compile", cfg.hardware.compile)),
+              "low_precision_layernorm": lambda: low_precision_layernorm.supported(
+                  device, precision_opt.resolve(asked.get("precision", cfg.hardware.precision), device).effective)}
     for axis, value in cell.values:
         if axis == "precision":
             decision = precision_opt.resolve(value, device)

@@ -26,7 +26,7 @@ from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
-from ..optimizations import inductor_tuning, liger_kernel, tf32, varlen
+from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, tf32, varlen
 from ..serving import pooling
 from .distributed import SINGLE, World
 from .divergence import DivergenceWatch
@@ -187,10 +187,14 @@ def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: lis
         gradient_checkpointing.apply(model)
     if named(planned, "liger_kernel").effective:  # before peft wraps it: liger finds the layers on the model itself
         liger_kernel.apply(model)
+    d_lp_norm = decide("low_precision_layernorm", cfg.hardware.low_precision_layernorm,
+                       low_precision_layernorm.supported(device, named(planned, "precision").effective, model))
+    if d_lp_norm.effective:
+        low_precision_layernorm.apply(model)
     if d_adapter.effective != "none":
         targets = lora.target_modules(model, mc.lora_target_modules)
         model = lora.apply(model, d_adapter.effective, mc.lora_r, mc.lora_alpha, mc.lora_dropout, targets)
-    return model.to(device.torch_device), [d_freeze, d_adapter]
+    return model.to(device.torch_device), [d_freeze, d_adapter, d_lp_norm]
 
 
 def build_classifier(cfg: Config, model: torch.nn.Module, packed: bool) -> torch.nn.Module:
