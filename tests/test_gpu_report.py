@@ -292,11 +292,13 @@ def test_the_host_split_partitions_each_step_and_runs_on_across_epochs(tmp_path)
     ops = [o["op"] for o in got["top_host"]]
     assert len(ops) == 10 and any(op.startswith("aten::") for op in ops)
     assert all(a["ms_per_step"] >= b["ms_per_step"] > 0 for a, b in zip(got["top_host"], got["top_host"][1:]))
-    table = host_time.markdown({"maxout": got})
+    quick = host_time.split(setup, steps=2, profiled=0)  # timed only: no profiler
+    assert quick["steps"] == 2 and (quick["profiled_steps"], quick["launch_ms"], quick["top_host"]) == (0, None, [])
+    table = host_time.markdown({"maxout": got, "eager": quick})
     assert table[2].startswith(f"| maxout | {got['wall_ms']:.2f} | {got['data_ms']:.2f} | {got['issue_ms']:.2f} | "
                                f"– | – | 0 (0.00) | {got['host_ops_ms']:.2f} | – |")
     assert sum(o["ms_per_step"] for o in got["top_host"]) <= got["host_ops_ms"]
-    assert ops[0] in table[-1]
+    assert table[3].endswith("| – | – | – | – | – |") and ops[0] in table[-1] and "eager," not in "".join(table)
 
 
 def _trial(number, state, start, end, worker):

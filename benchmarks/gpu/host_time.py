@@ -11,14 +11,17 @@ runs more steps of the trainer's own ``train_step`` and splits them three ways:
   with one sync at the end. Issue time near the wall time and kernel time well below it: the host sets the pace.
 - counted (CUDA only): synchronizing operations per step, by torch's sync debug mode (insight/breakdown.py's
   counter; on a CPU tests/test_host_syncs.py counts them).
-- profiled (torch.profiler, a few steps): kernel time and kernels per step, the CPU time spent in kernel-launch
+- profiled (torch.profiler, a few steps; ``profiled=0`` leaves it out): kernel time and kernels per step, the CPU time spent in kernel-launch
   calls, the CPU self time of all the ops the profiler sees (issue time beyond it is Python: the loop, module
   calls, dynamo's guards and wrappers; the profiler slows both, so compare within its own figures), and the host
-  ops with the most CPU self time.
+  ops with the most CPU self time. CUPTI is torn down when the profile ends (``TEARDOWN_CUPTI=1`` unless set):
+  left subscribed, it slows every later kernel launch in the process (pytorch/pytorch#144455), and runs of the
+  comparison may follow.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any, Iterator
@@ -69,6 +72,11 @@ def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top:
             counter.close()
         out["syncs_per_step"] = counter.count / counted
 
+    out.update({"profiled_steps": profiled, "kernel_ms": None, "kernels_per_step": None, "launch_ms": None,
+                "launches_per_step": None, "host_ops_ms": None, "top_host": []})
+    if not profiled:
+        return out
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         for _ in range(profiled):
@@ -102,11 +110,11 @@ def markdown(rows: dict[str, dict]) -> list[str]:
              "launch calls (CPU ms) | ops' CPU self ms (profiled) | syncs/step |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
+        launches = "–" if r["launch_ms"] is None else f"{r['launches_per_step']:.0f} ({r['launch_ms']:.2f})"
         lines.append(f"| {name} | {r['wall_ms']:.2f} | {r['data_ms']:.2f} | {r['issue_ms']:.2f} | "
-                     f"{fmt(r['kernel_ms'], '.2f')} | {fmt(r['kernels_per_step'], '.0f')} | "
-                     f"{r['launches_per_step']:.0f} ({r['launch_ms']:.2f}) | {r['host_ops_ms']:.2f} | "
-                     f"{fmt(r['syncs_per_step'], '.1f')} |")
-    for name, r in rows.items():
+                     f"{fmt(r['kernel_ms'], '.2f')} | {fmt(r['kernels_per_step'], '.0f')} | {launches} | "
+                     f"{fmt(r['host_ops_ms'], '.2f')} | {fmt(r['syncs_per_step'], '.1f')} |")
+    for name, r in [(n, r) for n, r in rows.items() if r["top_host"]]:
         ops = ", ".join(f"`{o['op'][:60]}` {o['ms_per_step']:.2f}" for o in r["top_host"][:6])
         lines.append(f"\n{name}, host ops with the most CPU self time (ms per step): {ops}.")
     return lines

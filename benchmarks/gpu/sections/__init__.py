@@ -26,8 +26,8 @@ SECTIONS = [
 EXPECTED_S = {
     "environment": 22,  # 16 on 2026-11-27
     # 229 s on 2026-11-27: both mixes in both orders and maxout eager (maxout's first run 118 s, 98 of them compile);
-    # the compiled Trainer, last, is what the limit leaves out; + ~10 s for the host split of maxout's two demo-mix
-    # runs in the first order (host_time.py: 10 timed, 5 counted and 3 profiled steps each, an estimate)
+    # the compiled Trainer, last, is what the limit leaves out; + ~10 s for the host split of maxout's three demo-mix
+    # runs (host_time.py: 10 timed and 5 counted steps each, 3 profiled after the last; an estimate)
     "vs_trainer": 230,
     # estimate: compile off, 30 steps at micro-batch 1024 and a 3-step profile, twice (fp32 LayerNorm, then
     # low-precision LayerNorm); the first case alone was not timed apart on 2026-11-27
