@@ -11,12 +11,12 @@ runs more steps of the trainer's own ``train_step`` and splits them three ways:
   with one sync at the end. Issue time near the wall time and kernel time well below it: the host sets the pace.
 - counted (CUDA only): synchronizing operations per step, by torch's sync debug mode (insight/breakdown.py's
   counter; on a CPU tests/test_host_syncs.py counts them).
-- profiled (torch.profiler, a few steps; ``profiled=0`` leaves it out): kernel time and kernels per step, the CPU time spent in kernel-launch
-  calls, the CPU self time of all the ops the profiler sees (issue time beyond it is Python: the loop, module
-  calls, dynamo's guards and wrappers; the profiler slows both, so compare within its own figures), and the host
-  ops with the most CPU self time. CUPTI is torn down when the profile ends (``TEARDOWN_CUPTI=1`` unless set):
-  left subscribed, it slows every later kernel launch in the process (pytorch/pytorch#144455), and runs of the
-  comparison may follow.
+- profiled (torch.profiler, a few steps; ``profiled=0`` leaves it out): kernel time and kernels per step, the CPU
+  time spent in kernel-launch calls, the CPU self time of all the ops the profiler sees (issue time beyond it is
+  Python: the loop, module calls, dynamo's guards and wrappers; the profiler slows both, so compare within its own
+  figures), and the host ops with the most CPU self time. CUPTI is torn down when the profile ends
+  (``TEARDOWN_CUPTI=1`` unless set): left subscribed, it slows every later kernel launch in the process
+  (pytorch/pytorch#144455), and runs of the comparison may follow.
 """
 
 from __future__ import annotations
