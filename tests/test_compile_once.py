@@ -1,4 +1,5 @@
-"""Compile once per run (issue 37): a run compiles one graph over all its epochs, and the batch finder none.
+"""Compile once per run (issue 37): a run compiles one graph over all its epochs, and the batch finder none; with
+symbolic shapes inductor is kept from guarding on the batch size (checked on a GPU).
 
 Graphs are counted by dynamo itself, with its eager backend standing in for inductor (the graphs dynamo captures
 and its guards are the same; only the kernels are not generated), on the tiny model and the demo's real bucket
@@ -66,3 +67,43 @@ def _batches(sampler, epoch):
 
 def batch_width(setup, rows):
     return max(setup.train_loader.dataset.lengths[i] for i in rows)
+
+
+def test_with_symbolic_shapes_inductor_is_kept_from_guarding_on_the_batch_size(monkeypatch):
+    """compile.apply turns inductor's size checks for fusing a LayerNorm backward's reductions off for dynamic shapes
+    (each is a guard on batch x sequence, and a recompile for the first batch across it), and leaves them on for
+    static shapes, where they are decided once without a guard."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.triton, "mix_order_reduction_non_strict_mode", False)
+    compile_opt.apply(torch.nn.Linear(2, 2), "default", dynamic=True)
+    assert inductor_config.triton.mix_order_reduction_non_strict_mode is True
+    compile_opt.apply(torch.nn.Linear(2, 2), "default", dynamic=None)
+    assert inductor_config.triton.mix_order_reduction_non_strict_mode is False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("guarded", [False, True])
+def test_on_a_gpu_a_layernorm_backward_compiles_once_across_the_size_thresholds(guarded, monkeypatch):
+    """The pattern behind the guards: a LayerNorm forward and backward on [rows, 768] with rows symbolic, called at
+    1,024 rows and then at 16,384 (across rows >= 4096 and rows x 768 >= 5 x 2**20). Through compile.apply: one graph.
+    With the size checks left on (``guarded``), the count is printed, not asserted: it says whether this torch
+    version's Triton code generation guards there at all."""
+    from torch._dynamo.utils import counters
+
+    norm = torch.nn.LayerNorm(768).cuda()
+    step = compile_opt.apply(lambda x: norm(x).float().square().mean(), "default", dynamic=True)
+    if guarded:
+        import torch._inductor.config as inductor_config
+
+        monkeypatch.setattr(inductor_config.triton, "mix_order_reduction_non_strict_mode", False)
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    for rows in (1024, 16384, 2048):
+        x = torch.randn(rows, 768, device="cuda", requires_grad=True)  # fp32: as autocast runs LayerNorm
+        step(x).backward()
+    graphs = counters["stats"]["unique_graphs"] - before
+    print(f"graphs with the size checks {'on' if guarded else 'off'}: {graphs}")
+    if not guarded:
+        assert graphs == 1
+    torch._dynamo.reset()

@@ -73,8 +73,25 @@ def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any 
     so dynamic padding compiles once instead of once per sequence length. ``backend``: inductor for runs; tests
     count graphs with dynamo's eager backends (a mode is inductor's, so it is passed to inductor only)."""
     if backend == "inductor":
+        no_size_guards(bool(dynamic))
         return torch.compile(model, mode=mode, dynamic=dynamic)
     return torch.compile(model, backend=backend, dynamic=dynamic)
+
+
+def no_size_guards(dynamic: bool) -> None:
+    """With symbolic shapes, keep inductor's Triton code generation from guarding on the batch's size (a process-wide
+    switch, set for each compile, like TF32).
+
+    Why: deciding whether to fuse a LayerNorm backward's two reductions (a "mix-order reduction"), inductor checks
+    ``rows >= 4096``, ``rows >= 2 * hidden`` and ``rows * hidden >= 5 * 2**20`` with guards, rows being batch x
+    sequence. A batch on the other side of a threshold then fails the guard and compiles a whole second graph, in the
+    middle of the run: bucketed batches of 64 on the demo mix (16-219 tokens: 1k-14k rows) cross all three within an
+    epoch, where the H200 spent 98 s compiling maxout's first run (2026-11-27) against ~36 s for one graph. Non-strict
+    mode skips those three size checks (inductor's own switch, "helpful to avoid recompilations"): the fusion is then
+    chosen from the graph alone, for every size. Static shapes keep the checks: they are decided once, with no guard."""
+    import torch._inductor.config as inductor_config  # lazy: inductor's config module imports more of inductor
+
+    inductor_config.triton.mix_order_reduction_non_strict_mode = dynamic
 
 
 def compile_seconds() -> float:
@@ -84,6 +101,7 @@ def compile_seconds() -> float:
 
 def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process, each recompile one more. A run should add one: guards that a
-    backend adds while it generates code (inductor's size thresholds, e.g. ``batch * seq > 4096`` for the CPU's
-    cascade sums) recompile on the first batch across the threshold, which an eager-backend count cannot see."""
+    backend adds while it generates code recompile on the first batch across the threshold, which an eager-backend
+    count cannot see. On GPUs no_size_guards() turns the Triton side's off; the CPU's C++ code generation keeps one
+    (``batch * seq > 4096``: a cascade sum for an fp32 reduction's precision)."""
     return int(counters["stats"]["unique_graphs"])
