@@ -45,6 +45,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 if __package__ in (None, ""):  # run as a file: make `benchmarks.gpu` importable as it is under `python -m`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,6 +72,19 @@ def load_plans(spec: str) -> dict[str, Plan]:
     """The registry module's PLANS (none: no --plan)."""
     module = importlib.import_module(spec.partition(":")[0])
     return {p.name: p for p in getattr(module, "PLANS", ())}
+
+
+def compile_cache(cuda: bool) -> Optional[str]:
+    """On a GPU, inductor's on-disk caches (TORCHINDUCTOR_CACHE_DIR, unless set) in an ignored folder of the tree,
+    which the device machine keeps from one call to the next while it stays warm: a graph compiled in call 1 (maxout's
+    BERT-base in vs_trainer, symbolic shapes) is then found again in call 3 (mfu_compiled, the same graph at another
+    batch size) instead of being compiled for ~100 s again. "warm" when it already held entries. None on a CPU: the
+    test suite's processes keep their own."""
+    if not cuda:
+        return None
+    folder = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".inductor-cache")))
+    state = "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
+    return f"{folder} ({state})"
 
 
 def compile_threads() -> str:
@@ -168,7 +182,8 @@ class Runner:
                      "cuda": self.cuda, "scale": self.scale, "budget_s": args.budget_s, "plan": args.plan,
                      "commit": found["commit"], "commit_source": found["source"], "commit_git": found["git"],
                      "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.gpu_report", *sys.argv[1:]]),
-                     "python": sys.version.split()[0], "compile_threads": compile_threads(), "elapsed_s": 0.0}
+                     "python": sys.version.split()[0], "compile_threads": compile_threads(),
+                     "compile_cache": compile_cache(self.cuda), "elapsed_s": 0.0}
 
     def save(self, charts: bool = True) -> None:
         self.meta["elapsed_s"] = time.time() - self.started

@@ -205,6 +205,20 @@ def test_the_commit_file_wins_over_a_git_of_an_older_commit_that_sees_the_tree_a
     assert f"commit c5cb8fe (.gpu-wheels/COMMIT), git says {landed}-dirty" in report.markdown(meta, [], {}, [])
 
 
+def test_on_a_gpu_inductors_caches_live_in_the_tree_the_device_keeps_between_calls(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert gpu_report.compile_cache(cuda=False) is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    assert gpu_report.compile_cache(cuda=True) == f"{ROOT / '.inductor-cache'} (" + (
+        "warm)" if (ROOT / ".inductor-cache").is_dir() and any((ROOT / ".inductor-cache").iterdir()) else "cold)")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ROOT / ".inductor-cache")
+    assert "/.inductor-cache/" in (ROOT / ".gitignore").read_text().splitlines()  # kept out of commits, kept there
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))  # one already set wins
+    assert gpu_report.compile_cache(cuda=True) == f"{tmp_path / 'cache'} (cold)"
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "fxgraph").mkdir()
+    assert gpu_report.compile_cache(cuda=True) == f"{tmp_path / 'cache'} (warm)"
+
+
 def test_pytest_outcomes_per_test_from_its_junit_xml(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_sample.py").write_text(

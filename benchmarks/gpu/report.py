@@ -57,6 +57,7 @@ def markdown(meta: dict, entries: list[dict], sections: dict, charts: list[str])
              f"{meta.get('commit') or 'unknown'}" + (f" ({meta['commit_source']})" if meta.get("commit_source") else "")
              + (f", git says {meta['commit_git']}" if meta.get("commit_git") not in (None, meta.get("commit")) else "")
              + (f"; TORCHINDUCTOR_COMPILE_THREADS={meta['compile_threads']}" if meta.get("compile_threads") else "")
+             + (f"; inductor cache {meta['compile_cache']}" if meta.get("compile_cache") else "")
              + ".", "",
              "| section | status | seconds | note |", "|---|---|---|---|"]
     for e in entries:
