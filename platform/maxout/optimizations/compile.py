@@ -86,8 +86,8 @@ def no_size_guards(dynamic: bool) -> None:
     ``rows >= 4096``, ``rows >= 2 * hidden`` and ``rows * hidden >= 5 * 2**20`` with guards, rows being batch x
     sequence. A batch on the other side of a threshold then fails the guard and compiles a whole second graph, in the
     middle of the run: bucketed batches of 64 on the demo mix (16-219 tokens: 1k-14k rows) cross all three within an
-    epoch, where the H200 spent 98 s compiling maxout's first run (2026-11-27) against ~36 s for one graph. Non-strict
-    mode skips those three size checks (inductor's own switch, "helpful to avoid recompilations"): the fusion is then
+    epoch. That is the likely cause of the 98 s the H200 spent compiling maxout's first run (2026-11-27), against
+    ~36 s for one graph; the GPU report's graph counts and recompile reasons will say. Non-strict mode skips those three size checks (inductor's own switch, "helpful to avoid recompilations"): the fusion is then
     chosen from the graph alone, for every size. Static shapes keep the checks: they are decided once, with no guard."""
     import torch._inductor.config as inductor_config  # lazy: inductor's config module imports more of inductor
 
