@@ -187,6 +187,7 @@ def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: lis
         gradient_checkpointing.apply(model)
     if named(planned, "liger_kernel").effective:  # before peft wraps it: liger finds the layers on the model itself
         liger_kernel.apply(model)
+    # decided on the built model, not planned: only the model says whether it has a torch.nn.LayerNorm
     d_lp_norm = decide("low_precision_layernorm", cfg.hardware.low_precision_layernorm,
                        low_precision_layernorm.supported(device, named(planned, "precision").effective, model))
     if d_lp_norm.effective:
