@@ -179,3 +179,15 @@ def test_overrides_string_split_like_a_shell_and_unwrapped_once_when_it_arrives_
 def test_overrides_string_with_unbalanced_quotes_is_a_one_line_error():
     with pytest.raises(ConfigError, match="cannot be split"):
         cli.split_overrides([], "'train.epochs=1")
+
+
+def test_outside_a_project_the_missing_default_is_told_once_with_where_project_options_live(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """config.yaml's default data=nli_demo lives in projects/nli_demo/conf: from another folder every check that
+    composes the config meets the same missing option, and the user is told it once, with the way out."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MAXOUT_ROOT", raising=False)
+    assert cli.main(["train", "hardware=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.count("unknown data 'nli_demo'") == 1 and "problems" not in err, err
+    assert f"no projects/<task>/conf under {tmp_path.resolve()}" in err and "set MAXOUT_ROOT" in err

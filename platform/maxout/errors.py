@@ -125,7 +125,8 @@ def one_of(value: object, valid: object) -> str:
 
 def combined(problems: Sequence[MaxoutError]) -> MaxoutError:
     """One error for several problems, still one line: '3 problems: a; b; c'. A single problem stays itself;
-    several are a usage error (exit 2) when any of them is one."""
+    several are a usage error (exit 2) when any of them is one. A problem found by several checks is told once."""
+    problems = list({str(p): p for p in problems}.values())
     if len(problems) == 1:
         return problems[0]
     usage = any(p.exit_code == USAGE for p in problems)

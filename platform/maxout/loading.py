@@ -33,7 +33,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 
 from .config import Config
 from .errors import ConfigError, HardwareError, MaxoutError, collect, combined
-from .paths import CONF_DIR, CPU_BF16_FORCED, CPU_BF16_VAR, group_options, search_path
+from .paths import CONF_DIR, CPU_BF16_FORCED, CPU_BF16_VAR, group_options, project_root, search_path
 
 if TYPE_CHECKING:
     from . import hardware
@@ -179,8 +179,10 @@ def compose(overrides: Sequence[str] = ()) -> Any:
         found = re.search(r"Could not find '([^/']+)/([^']+)'", str(err))
         if found:
             group, name = found.groups()
+            where = "" if dirs else (f"; no projects/<task>/conf under {project_root()}, where project options "
+                                     f"live: run maxout from the project's root or set MAXOUT_ROOT to it")
             raise ConfigError(f"unknown {group} {name!r} (valid {group} options: "
-                              f"{', '.join(group_options(group))})") from None
+                              f"{', '.join(group_options(group))}){where}") from None
         raise ConfigError(str(err).splitlines()[0]) from None
     except AssertionError:  # OmegaConf asserts, not raises, when an override sets a key inside a null section
         culprit = _inside_null_section(overrides)
