@@ -10,6 +10,7 @@ with only the GPU image's packages and the carried wheels importable (slow)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -260,14 +261,14 @@ def test_profile_kernels_are_told_apart_by_name(name, kind):
     assert mfu.kind(name) == kind
 
 
-def tiny_setup(folder):
+def tiny_setup(folder, *overrides):
     """A built (untrained) set-up of the tiny model on 32 demo rows, batch 8: 4 steps an epoch."""
     from maxout import hardware, loading
     from maxout.train import prepare
     from maxout.train.setup import build
 
     cfg = loading.load(["hardware=cpu", *workloads.model("tiny"), *workloads.demo(folder, rows=32),
-                        "tracking=none", "train.batch_size=8"])
+                        "tracking=none", "train.batch_size=8", *overrides])
     checked = prepare.check(cfg)
     return build(cfg, hardware.detect(), checked.dataset, checked.tokenizer)
 
@@ -294,26 +295,34 @@ def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
 
 
 def test_the_host_split_partitions_each_step_and_runs_on_across_epochs(tmp_path):
-    setup = tiny_setup(tmp_path)
+    setup = tiny_setup(tmp_path, "hardware.num_workers=1", "hardware.persistent_workers=false")
     before = [p.detach().clone() for p in setup.model.parameters()]
-    got = host_time.split(setup, steps=6, profiled=2)  # 6 + 2 steps: past the 4-step epoch, twice
+    got = host_time.split(setup, steps=6, profiled=2)  # 6 + 6 + 2 steps: past the 4-step epoch, three times
     assert any(not torch.equal(a, b) for a, b in zip(before, setup.model.parameters()))  # real steps were taken
     assert got["steps"] == 6 and got["profiled_steps"] == 2
-    assert 0 < got["data_ms"] and 0 < got["issue_ms"] and got["data_ms"] + got["issue_ms"] <= got["wall_ms"]
+    for timed in (got, got["main_process_loader"]):  # the worker's batches, then the same collated in-process
+        assert 0 < timed["data_ms"] and 0 < timed["issue_ms"]
+        assert timed["data_ms"] + timed["issue_ms"] <= timed["wall_ms"]
+    assert got["num_workers"] == 1 and setup.train_loader.num_workers == 1  # the run's own loader is left as it was
+    assert not [p for p in multiprocessing.active_children() if p.is_alive()]  # no worker left behind mid-epoch
     # a CPU: no kernels, no launches, no sync count (tests/test_host_syncs.py counts a CPU's would-be syncs)
     assert (got["kernel_ms"], got["kernels_per_step"], got["syncs_per_step"]) == (None, None, None)
     assert got["launches_per_step"] == 0
     ops = [o["op"] for o in got["top_host"]]
     assert len(ops) == 10 and any(op.startswith("aten::") for op in ops)
     assert all(a["ms_per_step"] >= b["ms_per_step"] > 0 for a, b in zip(got["top_host"], got["top_host"][1:]))
-    quick = host_time.split(setup, steps=2, profiled=0)  # timed only: no profiler
+    quick = host_time.split(tiny_setup(tmp_path), steps=2, profiled=0)  # timed only, no workers: nothing to compare
     assert quick["steps"] == 2 and (quick["profiled_steps"], quick["launch_ms"], quick["top_host"]) == (0, None, [])
+    assert (quick["num_workers"], quick["main_process_loader"]) == (0, None)
     table = host_time.markdown({"maxout": got, "eager": quick})
     assert table[2].startswith(f"| maxout | {got['wall_ms']:.2f} | {got['data_ms']:.2f} | {got['issue_ms']:.2f} | "
                                f"– | – | 0 (0.00) | {got['host_ops_ms']:.2f} | – |")
     assert sum(o["ms_per_step"] for o in got["top_host"]) <= got["host_ops_ms"]
-    assert table[3].endswith("| – | – | – | – | – |")  # the timed split alone: no profiled columns
-    assert ops[0] in table[-1] and "eager," not in "".join(table)
+    m = got["main_process_loader"]
+    assert table[3] == (f"| maxout, batches collated in the training process (num_workers=0, not 1) | "
+                        f"{m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | – | – | – | – | – |")
+    assert table[4].startswith("| eager |") and table[4].endswith("| – | – | – | – | – |")  # timed only
+    assert ops[0][:60] in table[-1] and "eager," not in "".join(table)
 
 
 def _trial(number, state, start, end, worker):

@@ -9,6 +9,8 @@ runs more steps of the trainer's own ``train_step`` and splits them three ways:
 - timed (no instrument inside the steps): the wait for the next batch, the time ``train_step`` takes to return
   (the host queueing the step's work: launches, plus any wait on the device inside it) and the wall time per step
   with one sync at the end. Issue time near the wall time and kernel time well below it: the host sets the pace.
+  Where the run's DataLoader has workers, the same again with the batches collated in the training process: what
+  the workers' hand-over (unpickling each batch, the pin-memory thread beside the launching one) costs the host.
 - counted (CUDA only): synchronizing operations per step, by torch's sync debug mode (insight/breakdown.py's
   counter; on a CPU tests/test_host_syncs.py counts them).
 - profiled (torch.profiler, a few steps; ``profiled=0`` leaves it out): kernel time and kernels per step, the CPU
@@ -24,31 +26,26 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextlib import closing
 from typing import Any, Iterator
 
 LAUNCH = re.compile(r"^(cudaLaunch|cuLaunch|cudaGraphLaunch|cudaMemcpyAsync|cudaMemsetAsync)")
 
 
-def _steps(setup: Any) -> Iterator[list]:
-    """The set-up's optimizer-step groups, epoch after epoch (as many as asked for)."""
+def _steps(setup: Any, loader: Any = None) -> Iterator[list]:
+    """The set-up's optimizer-step groups (from ``loader``, default its own), epoch after epoch."""
     from maxout.train.loop import accumulation_groups  # lazy: imports torch
 
     while True:
-        yield from accumulation_groups(setup.train_loader, setup.accum_steps)
+        yield from accumulation_groups(loader or setup.train_loader, setup.accum_steps)
 
 
-def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top: int = 10) -> dict:
-    """Per-step host figures over ``steps`` timed steps, ``counted`` ones (CUDA) and ``profiled`` profiled ones;
-    milliseconds per optimizer step."""
-    import torch  # lazy: the report's parent process never imports torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from maxout.insight.breakdown import SyncCounter  # lazy: imports torch
-    from maxout.metrics import Throughput, sync  # lazy: imports torch
+def _timed(setup: Any, groups: Iterator[list], steps: int, meter: Any) -> dict:
+    """Wall, data-wait and issue milliseconds per step over ``steps`` steps, one sync at each end."""
+    from maxout.metrics import sync  # lazy: imports torch
     from maxout.train.loop import train_step  # lazy: imports torch
 
-    device, cuda = setup.device.torch_device, setup.device.is_cuda
-    meter, groups = Throughput(device), _steps(setup)
+    device = setup.device.torch_device
     data_s = issue_s = 0.0
     sync(device)
     began = time.perf_counter()
@@ -60,28 +57,70 @@ def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top:
         data_s, issue_s = data_s + t1 - t0, issue_s + time.perf_counter() - t1
     sync(device)
     wall_s = time.perf_counter() - began
-    out: dict[str, Any] = {"steps": steps, "wall_ms": 1e3 * wall_s / steps, "data_ms": 1e3 * data_s / steps,
-                           "issue_ms": 1e3 * issue_s / steps, "syncs_per_step": None}
-    if cuda:
-        counter = SyncCounter(device, setup.optimizer)
-        counter.open()
-        try:
-            for _ in range(counted):
-                train_step(setup, next(groups), meter)
-        finally:
-            counter.close()
-        out["syncs_per_step"] = counter.count / counted
+    return {"wall_ms": 1e3 * wall_s / steps, "data_ms": 1e3 * data_s / steps, "issue_ms": 1e3 * issue_s / steps}
 
-    out.update({"profiled_steps": profiled, "kernel_ms": None, "kernels_per_step": None, "launch_ms": None,
-                "launches_per_step": None, "host_ops_ms": None, "top_host": []})
-    if not profiled:
-        return out
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        for _ in range(profiled):
+
+def main_process_loader(loader: Any) -> Any:
+    """The same batches collated in the training process (``num_workers=0``): no worker's batch to unpickle, no
+    pin-memory thread beside the one that launches kernels."""
+    import torch  # lazy: the report's parent process never imports torch
+
+    return torch.utils.data.DataLoader(loader.dataset, batch_sampler=loader.batch_sampler,
+                                       collate_fn=loader.collate_fn, num_workers=0, pin_memory=loader.pin_memory)
+
+
+def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top: int = 10) -> dict:
+    """Per-step host figures over ``steps`` timed steps, ``counted`` ones (CUDA) and ``profiled`` profiled ones;
+    milliseconds per optimizer step."""
+    from maxout.metrics import Throughput  # lazy: imports torch
+
+    meter, workers = Throughput(setup.device.torch_device), setup.train_loader.num_workers
+    # Each generator is closed when done: a DataLoader iterator left suspended mid-epoch keeps its worker processes,
+    # which ignore SIGTERM (dataloader.py), so the interpreter's exit would wait on them for ever
+    with closing(_steps(setup)) as groups:
+        out: dict[str, Any] = {"steps": steps, **_timed(setup, groups, steps, meter), "num_workers": workers,
+                               "main_process_loader": None}
+        if workers > 0:  # the same steps with the batches collated in this process
+            with closing(_steps(setup, main_process_loader(setup.train_loader))) as local:
+                out["main_process_loader"] = _timed(setup, local, steps, meter)
+        out["syncs_per_step"] = _syncs(setup, groups, counted, meter) if setup.device.is_cuda else None
+        out.update(_profiled(setup, groups, profiled, meter, top))
+    return out
+
+
+def _syncs(setup: Any, groups: Iterator[list], steps: int, meter: Any) -> float:
+    """Synchronizing operations per step over ``steps`` steps, by CUDA's sync debug mode."""
+    from maxout.insight.breakdown import SyncCounter  # lazy: imports torch
+    from maxout.train.loop import train_step  # lazy: imports torch
+
+    counter = SyncCounter(setup.device.torch_device, setup.optimizer)
+    counter.open()
+    try:
+        for _ in range(steps):
             train_step(setup, next(groups), meter)
-        sync(device)
+    finally:
+        counter.close()
+    return counter.count / steps
+
+
+def _profiled(setup: Any, groups: Iterator[list], steps: int, meter: Any, top: int) -> dict:
+    """Kernel time, launch calls and the busiest host ops per step over ``steps`` profiled steps (none: all None)."""
+    out: dict[str, Any] = {"profiled_steps": steps, "kernel_ms": None, "kernels_per_step": None, "launch_ms": None,
+                           "launches_per_step": None, "host_ops_ms": None, "top_host": []}
+    if not steps:
+        return out
+    import torch  # lazy: the report's parent process never imports torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from maxout.metrics import sync  # lazy: imports torch
+    from maxout.train.loop import train_step  # lazy: imports torch
+
+    cuda = setup.device.is_cuda
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        for _ in range(steps):
+            train_step(setup, next(groups), meter)
+        sync(setup.device.torch_device)
     kernel_ms = kernels = launch_ms = launches = 0.0
     host: dict[str, float] = {}
     for event in prof.key_averages():
@@ -93,11 +132,10 @@ def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top:
                 launch_ms, launches = launch_ms + event.self_cpu_time_total / 1e3, launches + event.count
             host[event.key] = host.get(event.key, 0.0) + event.self_cpu_time_total / 1e3
     ranked = sorted(host.items(), key=lambda kv: -kv[1])[:top]
-    out.update({"profiled_steps": profiled, "kernel_ms": kernel_ms / profiled if cuda else None,
-                "kernels_per_step": kernels / profiled if cuda else None,
-                "launch_ms": launch_ms / profiled, "launches_per_step": launches / profiled,
-                "host_ops_ms": sum(host.values()) / profiled,
-                "top_host": [{"op": name[:100], "ms_per_step": ms / profiled} for name, ms in ranked]})
+    out.update({"kernel_ms": kernel_ms / steps if cuda else None, "kernels_per_step": kernels / steps if cuda else None,
+                "launch_ms": launch_ms / steps, "launches_per_step": launches / steps,
+                "host_ops_ms": sum(host.values()) / steps,
+                "top_host": [{"op": name[:100], "ms_per_step": ms / steps} for name, ms in ranked]})
     return out
 
 
@@ -114,6 +152,11 @@ def markdown(rows: dict[str, dict]) -> list[str]:
         lines.append(f"| {name} | {r['wall_ms']:.2f} | {r['data_ms']:.2f} | {r['issue_ms']:.2f} | "
                      f"{fmt(r['kernel_ms'], '.2f')} | {fmt(r['kernels_per_step'], '.0f')} | {launches} | "
                      f"{fmt(r['host_ops_ms'], '.2f')} | {fmt(r['syncs_per_step'], '.1f')} |")
+        if r.get("main_process_loader"):
+            m = r["main_process_loader"]
+            lines.append(f"| {name}, batches collated in the training process (num_workers=0, not "
+                         f"{r['num_workers']}) | {m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | "
+                         "– | – | – | – | – |")
     for name, r in [(n, r) for n, r in rows.items() if r["top_host"]]:
         ops = ", ".join(f"`{o['op'][:60]}` {o['ms_per_step']:.2f}" for o in r["top_host"][:6])
         lines.append(f"\n{name}, host ops with the most CPU self time (ms per step): {ops}.")
