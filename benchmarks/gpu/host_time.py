@@ -37,7 +37,7 @@ def _steps(setup: Any, loader: Any = None) -> Iterator[list]:
     from maxout.train.loop import accumulation_groups  # lazy: imports torch
 
     while True:
-        yield from accumulation_groups(loader or setup.train_loader, setup.accum_steps)
+        yield from accumulation_groups(setup.train_loader if loader is None else loader, setup.accum_steps)
 
 
 def _timed(setup: Any, groups: Iterator[list], steps: int, meter: Any) -> dict:

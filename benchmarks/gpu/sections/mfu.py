@@ -18,6 +18,7 @@ recorded as soon as it exists: the throughput before the profile, the profile af
 from __future__ import annotations
 
 import functools
+import gc
 import re
 from pathlib import Path
 
@@ -143,6 +144,9 @@ def run(ctx: Context, compiled: bool = False) -> None:
         results[case["name"]]["profile"] = profile_steps(setup, steps=3 if ctx.full else 2)
         ctx.record("cases", results)
         del result, setup
+        gc.collect()  # the next case's micro-batch of 1024 needs the memory this one held (~50 GiB)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def markdown(results: dict) -> str:
