@@ -430,6 +430,59 @@ def test_a_worker_that_lost_the_race_to_create_the_tables_opens_the_storage_agai
     assert lost == [True] and isinstance(storage, real)
 
 
+def test_on_postgres_workers_opening_a_new_storage_together_create_its_tables_one_at_a_time(monkeypatch):
+    """The retry above still left a race: a fresh clone's suite (2026-11-27) had one of two `maxout hpo` processes
+    fail with psycopg2.errors.DuplicateTable while both created Optuna's tables, which is no IntegrityError. On
+    PostgreSQL each worker now opens the storage under an advisory lock: four threads released together on a new
+    database, each slowed inside Optuna's own constructor, are never inside it at the same time, and all succeed."""
+    import threading
+    import time
+
+    import optuna
+
+    from maxout.config import HpoConfig, TrackingConfig
+    from maxout.hpo import storage as storage_mod
+
+    from .services import create_database, postgres
+
+    real, inside, spans = optuna.storages.RDBStorage, [], []
+
+    def slow(*args, **kwargs):  # the window the tables are created in, widened to make overlaps certain
+        inside.append(1)
+        began, concurrent = time.monotonic(), len(inside)
+        time.sleep(0.3)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inside.pop()
+            spans.append((began, time.monotonic(), concurrent))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", slow)
+    with postgres() as server:
+        url = create_database(server, "together")
+        barrier, opened, errors = threading.Barrier(4), [], []
+
+        def worker():
+            barrier.wait()
+            try:
+                opened.append(storage_mod.open_storage(HpoConfig(storage=url), TrackingConfig()))
+            except Exception as err:  # noqa: BLE001 - every failure is the test's to report
+                errors.append(err)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == [] and len(opened) == 4 and all(isinstance(s, real) for s in opened)
+        assert [c for *_, c in spans] == [1, 1, 1, 1]  # one at a time
+        ordered = sorted(spans)
+        assert all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:]))
+        monkeypatch.undo()  # Optuna's own code looks RDBStorage up where the stand-in was put
+        study = optuna.create_study(storage=opened[0], study_name="after")  # and the storage works
+        assert study.study_name == "after"
+
+
 @pytest.mark.slow
 def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_shared(tmp_path, small_data):
     """hpo.parent=shared, what a Slurm job array's tasks and a Kubernetes Job's pods run: two `maxout hpo` processes

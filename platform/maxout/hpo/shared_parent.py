@@ -27,7 +27,6 @@ from typing import Any, Callable, Iterator, Optional
 from optuna.trial import TrialState
 
 from ..errors import ConfigError
-from ..registry.lock import advisory_key
 from ..tracking.redact import redact
 from . import storage as storage_mod
 
@@ -46,19 +45,8 @@ def check(where: str) -> None:
 def study_lock(where: str, study_name: str) -> Iterator[None]:
     """Mutual exclusion between the invocations of one study, on every machine that reaches its storage."""
     if where.startswith("postgresql"):
-        import sqlalchemy  # lazy: only a study on PostgreSQL takes its lock there
-
-        engine = sqlalchemy.create_engine(where, poolclass=sqlalchemy.pool.NullPool)
-        try:
-            with engine.connect() as connection:
-                key = {"key": advisory_key(study_name, namespace="maxout.hpo-parent")}
-                connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), key)
-                try:
-                    yield
-                finally:
-                    connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), key)
-        finally:
-            engine.dispose()
+        with storage_mod.advisory_lock(where, study_name, namespace="maxout.hpo-parent"):
+            yield
         return
     path = Path(where[len("sqlite:///"):] if where.startswith("sqlite:///") else where).expanduser()
     with open(path.with_name(path.name + LOCK_SUFFIX), "a") as handle:

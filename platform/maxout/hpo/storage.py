@@ -16,13 +16,14 @@ fail with a traceback at its first read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import mlflow
 import optuna
@@ -32,6 +33,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from ..config import HpoConfig, TrackingConfig
 from ..errors import MaxoutError, first_line
 from ..paths import embedded_store, state_dir
+from ..registry.lock import advisory_key
 from ..tracking.redact import redact
 from ..tracking.store import resolve_uri
 
@@ -76,22 +78,25 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig, supervised: bool 
     if where.startswith(("postgresql", "mysql")):
         engine_kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     try:
-        for attempt in range(SCHEMA_ATTEMPTS):
-            try:
-                with warnings.catch_warnings():  # heartbeats are marked experimental; they make retries work
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    return optuna.storages.RDBStorage(
-                        where, engine_kwargs=engine_kwargs, heartbeat_interval=hpo.heartbeat_interval_s,
-                        grace_period=hpo.grace_period_s,
-                        heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg,
-                                                                      end_parent=not supervised))
-            except Exception as err:
-                # Workers starting together on a new database (a Slurm array's tasks, a Job's pods) each create
-                # Optuna's tables, and all but one fail on the database's own unique index ("duplicate key value
-                # violates unique constraint pg_type_typname_nsp_index"): the tables exist now, so open it again.
-                if attempt + 1 == SCHEMA_ATTEMPTS or "IntegrityError" not in type(err).__name__:
-                    raise
-                time.sleep(0.5 * (attempt + 1))
+        # Workers starting together on a new database (a Slurm array's tasks, a Job's pods) each have Optuna create
+        # its tables and stamp alembic's version, and all but one fail on what another created a moment before:
+        # "duplicate key value violates unique constraint pg_type_typname_nsp_index" (IntegrityError), or
+        # psycopg2.errors.DuplicateTable (a fresh clone's suite, 2026-11-27). On PostgreSQL the opening is one
+        # process at a time, under an advisory lock; elsewhere a worker that lost opens it again, the tables there.
+        with schema_lock(where):
+            for attempt in range(SCHEMA_ATTEMPTS):
+                try:
+                    with warnings.catch_warnings():  # heartbeats are marked experimental; they make retries work
+                        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                        return optuna.storages.RDBStorage(
+                            where, engine_kwargs=engine_kwargs, heartbeat_interval=hpo.heartbeat_interval_s,
+                            grace_period=hpo.grace_period_s,
+                            heartbeat_stale_trial_callback=RetryLostTrial(hpo.max_retry, tracking_cfg,
+                                                                          end_parent=not supervised))
+                except Exception as err:
+                    if attempt + 1 == SCHEMA_ATTEMPTS or not created_meanwhile(err):
+                        raise
+                    time.sleep(0.5 * (attempt + 1))
     except Exception as err:  # sqlalchemy's OperationalError / ArgumentError, a missing driver, ...
         first = first_line(err)
         if "import" in first.lower():  # SQLAlchemy 2.1 maps postgresql:// to psycopg 3, which is not installed
@@ -100,6 +105,40 @@ def open_storage(hpo: HpoConfig, tracking_cfg: TrackingConfig, supervised: bool 
         raise MaxoutError(f"HPO storage unreachable at {redact(where)} ({redact(first)}); "
                           f"check hpo.storage / MAXOUT_HPO_STORAGE, or use hpo.storage=null for a local "
                           f"journal file") from None
+
+
+def created_meanwhile(err: Exception) -> bool:
+    """The error of creating what another process created a moment before (a table, a type, a unique row)."""
+    kind, text = type(err).__name__, str(err)
+    return "IntegrityError" in kind or ("ProgrammingError" in kind and ("already exists" in text
+                                                                       or "Duplicate" in text))
+
+
+def schema_lock(where: str) -> contextlib.AbstractContextManager:
+    """Opening an RDB storage one process at a time, on PostgreSQL (nothing elsewhere)."""
+    if not where.startswith("postgresql"):
+        return contextlib.nullcontext()
+    return advisory_lock(where, "optuna-schema", namespace="maxout.hpo-storage")
+
+
+@contextlib.contextmanager
+def advisory_lock(url: str, name: str, namespace: str) -> Iterator[None]:
+    """PostgreSQL's ``pg_advisory_lock`` for the block, on a session of its own: mutual exclusion between processes on
+    every machine that reaches the database (the server frees it if the holder dies)."""
+    import sqlalchemy  # lazy: only a storage on PostgreSQL takes a lock there
+
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool,
+                                      connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+    try:
+        with engine.connect() as connection:
+            key = {"key": advisory_key(name, namespace=namespace)}
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), key)
+            try:
+                yield
+            finally:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), key)
+    finally:
+        engine.dispose()
 
 
 def check_journal(path: Path) -> None:
