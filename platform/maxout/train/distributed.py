@@ -256,10 +256,21 @@ def session(cfg: DistributedConfig, device: DeviceInfo) -> Iterator[World]:
 
 
 _ran_process_group = False  # session() initialised a process group in this process
+_kept: list = []  # what holds this job's process group, alive until end_process (keep_until_exit)
 
 
 def ran_process_group() -> bool:
     return _ran_process_group
+
+
+def keep_until_exit(module: Optional[Any]) -> None:
+    """Hold ``module`` (the DDP or FSDP wrapper, which holds the process group) until end_process, in a rank that
+    session() started: its destructors then never run. A fresh clone's suite (2026-11-27) had a DDP rank on gloo
+    hang for good as its train command returned: freeing DDP's Reducer destroyed its ProcessGroupGloo, and the
+    destructor blocked on a mutex (py-spy: ~Reducer -> ~ProcessGroupGloo -> pthread_mutex_lock, the other node's rank
+    already gone). The process exits through os._exit anyway; nothing is left for those destructors to do."""
+    if module is not None and _ran_process_group:
+        _kept.append(module)
 
 
 def end_process(code: int) -> NoReturn:

@@ -28,7 +28,7 @@ from ..optimizations import data_parallel, dataloader, deterministic, fast_dropo
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
 from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, tf32, varlen
 from ..serving import pooling
-from .distributed import SINGLE, World
+from .distributed import SINGLE, World, keep_until_exit
 from .divergence import DivergenceWatch
 from .oom import OOMRecovery
 
@@ -312,6 +312,7 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
     # gradients, and FSDP's root (sharded in place) gathers whatever the pooled head calls outside the blocks.
     flop_probe = m.probe(model, model_config)
     parallel = build_parallel(cfg, device, classifier, world, decisions)
+    keep_until_exit(parallel)  # a rank's process group is never torn down by a destructor (distributed.py)
     optimizer, scheduler = build_optimizer(cfg, model, total, decisions)
     eager = parallel or classifier
     forward = build_compile(cfg, eager, decisions)
