@@ -426,3 +426,26 @@ def test_each_process_samples_its_own_gpu_and_shares_the_node_s_cores(monkeypatc
     settings, decisions = dataloader.resolve(HardwareConfig(num_workers="auto"), node, processes=8)
     assert settings.num_workers == 6 and "64 cores / 8 processes = 8 - 2" in decisions[0].reason
     assert dataloader.resolve(HardwareConfig(num_workers="auto"), node)[0].num_workers == 62
+
+
+def test_a_ranks_parallel_wrapper_outlives_its_train_command_until_the_process_exits(monkeypatch):
+    """keep_until_exit: in a rank that session() started, the DDP/FSDP wrapper (which holds the process group) stays
+    referenced after the command's frames are gone, so no destructor tears the group down before end_process's
+    os._exit (a DDP rank on gloo hung for good in ~ProcessGroupGloo as its command returned). Elsewhere (one process,
+    or a caller's own process group) nothing is kept."""
+    import weakref
+
+    import torch
+
+    from maxout.train import distributed
+
+    monkeypatch.setattr(distributed, "_kept", [])
+    for ran, kept in ((False, False), (True, True)):
+        monkeypatch.setattr(distributed, "_ran_process_group", ran)
+        module = torch.nn.Linear(2, 2)
+        alive = weakref.ref(module)
+        distributed.keep_until_exit(module)
+        del module
+        assert (alive() is not None) is kept
+    distributed.keep_until_exit(None)  # one process: no wrapper at all
+    assert len(distributed._kept) == 1
