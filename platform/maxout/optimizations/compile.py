@@ -79,16 +79,17 @@ def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any 
 
 
 def no_size_guards(dynamic: bool) -> None:
-    """With symbolic shapes, keep inductor's Triton code generation from guarding on the batch's size (a process-wide
-    switch, set for each compile, like TF32).
+    """With symbolic shapes, keep inductor's Triton code generation from guarding on the batch's size (a
+    process-wide switch, set for each compile, like TF32).
 
     Why: deciding whether to fuse a LayerNorm backward's two reductions (a "mix-order reduction"), inductor checks
     ``rows >= 4096``, ``rows >= 2 * hidden`` and ``rows * hidden >= 5 * 2**20`` with guards, rows being batch x
-    sequence. A batch on the other side of a threshold then fails the guard and compiles a whole second graph, in the
-    middle of the run: bucketed batches of 64 on the demo mix (16-219 tokens: 1k-14k rows) cross all three within an
-    epoch. That is the likely cause of the 98 s the H200 spent compiling maxout's first run (2026-11-27), against
-    ~36 s for one graph; the GPU report's graph counts and recompile reasons will say. Non-strict mode skips those three size checks (inductor's own switch, "helpful to avoid recompilations"): the fusion is then
-    chosen from the graph alone, for every size. Static shapes keep the checks: they are decided once, with no guard."""
+    sequence. A batch on the other side of a threshold then fails the guard and compiles a whole second graph, in
+    the middle of the run: bucketed batches of 64 on the demo mix (16-219 tokens: 1k-14k rows) cross all three
+    within an epoch. That is the likely cause of the 98 s the H200 spent compiling maxout's first run (2026-11-27),
+    against ~36 s for one graph; the GPU report's graph counts and recompile reasons will say. Non-strict mode skips
+    those three size checks (inductor's own switch, "helpful to avoid recompilations"): the fusion is then chosen
+    from the graph alone, for every size. Static shapes keep the checks: they are decided once, with no guard."""
     import torch._inductor.config as inductor_config  # lazy: inductor's config module imports more of inductor
 
     inductor_config.triton.mix_order_reduction_non_strict_mode = dynamic
