@@ -9,8 +9,10 @@ runs more steps of the trainer's own ``train_step`` and splits them three ways:
 - timed (no instrument inside the steps): the wait for the next batch, the time ``train_step`` takes to return
   (the host queueing the step's work: launches, plus any wait on the device inside it) and the wall time per step
   with one sync at the end. Issue time near the wall time and kernel time well below it: the host sets the pace.
-  Where the run's DataLoader has workers, the same again with the batches collated in the training process: what
-  the workers' hand-over (unpickling each batch, the pin-memory thread beside the launching one) costs the host.
+  Then the same again with the other way of loading: in the training process where the run's DataLoader has
+  workers, with ``auto`` workers (cores - 2) where it has none (the GPU profiles since 2026-11-27: on the H200 the
+  workers' hand-over, unpickling each batch and the pin-memory thread beside the launching one, cost 3.3-4.3 ms a
+  step at batch 64).
 - counted (CUDA only): synchronizing operations per step, by torch's sync debug mode (insight/breakdown.py's
   counter; on a CPU tests/test_host_syncs.py counts them).
 - profiled (torch.profiler, a few steps; ``profiled=0`` leaves it out): kernel time and kernels per step, the CPU
@@ -60,13 +62,21 @@ def _timed(setup: Any, groups: Iterator[list], steps: int, meter: Any) -> dict:
     return {"wall_ms": 1e3 * wall_s / steps, "data_ms": 1e3 * data_s / steps, "issue_ms": 1e3 * issue_s / steps}
 
 
-def main_process_loader(loader: Any) -> Any:
-    """The same batches collated in the training process (``num_workers=0``): no worker's batch to unpickle, no
-    pin-memory thread beside the one that launches kernels."""
+def other_workers(loader: Any) -> int:
+    """The worker count to compare the run's with: none where it has workers, else auto's (0 on a 2-core machine:
+    nothing to compare)."""
+    from maxout.optimizations.dataloader import auto_workers  # lazy: imports torch
+
+    return 0 if loader.num_workers > 0 else auto_workers(os.cpu_count() or 1)
+
+
+def other_loader(loader: Any, workers: int) -> Any:
+    """The same batches with ``workers`` worker processes (0: collated in the training process, no worker's batch
+    to unpickle, no pin-memory thread beside the one that launches kernels)."""
     import torch  # lazy: the report's parent process never imports torch
 
     return torch.utils.data.DataLoader(loader.dataset, batch_sampler=loader.batch_sampler,
-                                       collate_fn=loader.collate_fn, num_workers=0, pin_memory=loader.pin_memory)
+                                       collate_fn=loader.collate_fn, num_workers=workers, pin_memory=loader.pin_memory)
 
 
 def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top: int = 10) -> dict:
@@ -78,11 +88,12 @@ def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top:
     # Each generator is closed when done: a DataLoader iterator left suspended mid-epoch keeps its worker processes,
     # which ignore SIGTERM (dataloader.py), so the interpreter's exit would wait on them for ever
     with closing(_steps(setup)) as groups:
+        other = other_workers(setup.train_loader)
         out: dict[str, Any] = {"steps": steps, **_timed(setup, groups, steps, meter), "num_workers": workers,
-                               "main_process_loader": None}
-        if workers > 0:  # the same steps with the batches collated in this process
-            with closing(_steps(setup, main_process_loader(setup.train_loader))) as local:
-                out["main_process_loader"] = _timed(setup, local, steps, meter)
+                               "other_workers": other if other != workers else None, "other_loader": None}
+        if other != workers:  # the same steps with the batches loaded the other way
+            with closing(_steps(setup, other_loader(setup.train_loader, other))) as loaded:
+                out["other_loader"] = _timed(setup, loaded, steps, meter)
         out["syncs_per_step"] = _syncs(setup, groups, counted, meter) if setup.device.is_cuda else None
         out.update(_profiled(setup, groups, profiled, meter, top))
     return out
@@ -152,11 +163,11 @@ def markdown(rows: dict[str, dict]) -> list[str]:
         lines.append(f"| {name} | {r['wall_ms']:.2f} | {r['data_ms']:.2f} | {r['issue_ms']:.2f} | "
                      f"{fmt(r['kernel_ms'], '.2f')} | {fmt(r['kernels_per_step'], '.0f')} | {launches} | "
                      f"{fmt(r['host_ops_ms'], '.2f')} | {fmt(r['syncs_per_step'], '.1f')} |")
-        if r.get("main_process_loader"):
-            m = r["main_process_loader"]
-            lines.append(f"| {name}, batches collated in the training process (num_workers=0, not "
-                         f"{r['num_workers']}) | {m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | "
-                         "– | – | – | – | – |")
+        if r.get("other_loader"):
+            m, other = r["other_loader"], r["other_workers"]
+            how = "collated in the training process" if other == 0 else f"from {other} worker process{'es' if other > 1 else ''}"
+            lines.append(f"| {name}, batches {how} (num_workers={other}, not {r['num_workers']}) | "
+                         f"{m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | – | – | – | – | – |")
     for name, r in [(n, r) for n, r in rows.items() if r["top_host"]]:
         ops = ", ".join(f"`{o['op'][:60]}` {o['ms_per_step']:.2f}" for o in r["top_host"][:6])
         lines.append(f"\n{name}, host ops with the most CPU self time (ms per step): {ops}.")

@@ -70,7 +70,8 @@ def base_overrides(ctx: Context) -> list[str]:
             f"train.warmup_steps_excluded={10 if ctx.full else 1}"]
 
 
-def run(ctx: Context) -> None:
+def run(ctx: Context, first: int | None = None, repeats: int = 1) -> None:
+    """Each grid in turn (``first``: only that many), each in ``repeats`` interleaved rounds."""
     import torch  # lazy: the parent process never imports torch for this
 
     from maxout.insight import benchmark  # lazy: imports torch
@@ -78,17 +79,17 @@ def run(ctx: Context) -> None:
     cuda = torch.cuda.is_available()
     arch = "bert_base" if ctx.full else "tiny"
     base = base_overrides(ctx)
-    ctx.record("setup", {"model": arch, "steps_per_cell": DEFAULT_STEPS if ctx.full else 4,
+    ctx.record("setup", {"model": arch, "steps_per_cell": DEFAULT_STEPS if ctx.full else 4, "repeats": repeats,
                          "base_overrides": base[len(workloads.model(arch)):]})
     done: dict[str, dict] = {}
-    for name, spec, extra, needs_s, steps in grids(ctx, cuda):
+    for name, spec, extra, needs_s, steps in grids(ctx, cuda)[:first]:
         if ctx.left() < needs_s:
             done[name] = {"grid": spec,
                           "left_out": f"{ctx.left():.0f} s left in the section, the grid needs ~{needs_s} s"}
             ctx.record("grids", done)
             continue
         started = time.time()
-        report = benchmark.run(merged(base, extra), grid_spec=spec, steps=steps,
+        report = benchmark.run(merged(base, extra), grid_spec=spec, steps=steps, repeats=repeats,
                                out_dir=str(ctx.work / "ablation" / re.sub(r"\W+", "-", name).strip("-")), progress=True)
         table = report.table.where(report.table.notna(), None)
         done[name] = {"grid": spec, "extra": extra, "steps": steps, "seconds": time.time() - started,
@@ -100,8 +101,10 @@ def run(ctx: Context) -> None:
 def markdown(results: dict) -> str:
     fmt = lambda v, spec, suffix="": "–" if v is None else format(v, spec) + suffix  # noqa: E731
     setup = results.get("setup", {})
+    rounds = setup.get("repeats", 1)
     lines = [f"Model: random {setup.get('model')}; {setup.get('steps_per_cell')} optimizer steps per cell, steady "
-             f"state; base: `{' '.join(setup.get('base_overrides', []))}`.", "",
+             f"state{f', {rounds} interleaved rounds (speed-up: the median of the per-round ratios, their range in brackets)' if rounds > 1 else ''}; "
+             f"base: `{' '.join(setup.get('base_overrides', []))}`.", "",
              "| grid | cell | samples/s | speed-up | padding eff. | peak memory GiB | memory ratio | MFU | compile s "
              "| note |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -114,8 +117,10 @@ def markdown(results: dict) -> str:
         for c in g["cells"]:
             note = c["reason"] or ("baseline" if c["cell"] == g["baseline"] else "")
             note = f"{c['status']}: {note}" if c["status"] != "ok" else note
+            rounds = "" if c.get("speed-up min") in (None, c.get("speed-up max")) else \
+                f" ({c['speed-up min']:.2f}-{c['speed-up max']:.2f})"
             lines.append(f"| {name} | {c['cell']} | {fmt(c['steady samples/s'], '.1f')} | "
-                         f"{fmt(c['speed-up'], '.2f', '×')} | {fmt(c.get('padding efficiency'), '.0%')} | "
+                         f"{fmt(c['speed-up'], '.2f', '×')}{rounds} | {fmt(c.get('padding efficiency'), '.0%')} | "
                          f"{fmt(c['peak memory GiB'], '.2f')} | "
                          f"{fmt(c['memory ratio'], '.2f', '×')} | {fmt(c['MFU'], '.1%')} | "
                          f"{fmt(c['compile s'], '.1f')} | {note.replace('|', '/')} |")
@@ -136,3 +141,20 @@ def chart(results: dict, path: Path) -> bool:
 
 SECTION = Section("ablation", "Ablation (maxout benchmark)", run, needs=(), min_s={"full": 60, "smoke": 15},
                   max_s={"full": 420, "smoke": 180}, markdown=markdown, chart=chart)
+
+
+def run_compile_modes(ctx: Context) -> None:
+    """The first grid alone, in two rounds (the second with every width recorded and every kernel loaded): does
+    replaying CUDA graphs take the host out of a batch-64 step? On the H200 (2026-11-27) maxout's compiled step took
+    27-34 ms of wall time for 8.5 ms of kernels: 880 kernel launches and the compiled graphs' Python wrappers. Dynamo's
+    recompile reasons and inductor's CUDA-graph decisions (a skipped graph says why) go to the section's log."""
+    import torch  # lazy: the parent process never imports torch for this
+
+    torch._logging.set_logs(recompiles=True, perf_hints=True)
+    run(ctx, first=1, repeats=2)
+
+
+SECTION_COMPILE_MODES = Section(
+    "compile_modes", "CUDA graphs at batch 64: compile mode default vs reduce-overhead", run_compile_modes,
+    needs=("cuda",), min_s={"full": 60, "smoke": 15}, max_s={"full": 240, "smoke": 120}, markdown=markdown,
+    chart=chart)

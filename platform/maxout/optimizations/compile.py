@@ -13,6 +13,7 @@ first backward left in the pool would be overwritten by the next micro-batch's r
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable
 
 import torch
@@ -79,20 +80,25 @@ def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any 
 
 
 def no_size_guards(dynamic: bool) -> None:
-    """With symbolic shapes, keep inductor's Triton code generation from guarding on the batch's size (a
-    process-wide switch, set for each compile, like TF32).
+    """With symbolic shapes, keep inductor from guarding on the batch's size (process-wide switches, set for each
+    compile, like TF32). Each such guard compiles a whole second graph for the first batch on its other side, in the
+    middle of the run. Static shapes keep inductor's defaults: there each check is decided once, with no guard.
 
-    Why: deciding whether to fuse a LayerNorm backward's two reductions (a "mix-order reduction"), inductor checks
-    ``rows >= 4096``, ``rows >= 2 * hidden`` and ``rows * hidden >= 5 * 2**20`` with guards, rows being batch x
-    sequence. A batch on the other side of a threshold then fails the guard and compiles a whole second graph, in
-    the middle of the run: bucketed batches of 64 on the demo mix (16-219 tokens: 1k-14k rows) cross all three
-    within an epoch. That is the likely cause of the 98 s the H200 spent compiling maxout's first run (2026-11-27),
-    against ~36 s for one graph; the GPU report's graph counts and recompile reasons will say. Non-strict mode skips
-    those three size checks (inductor's own switch, "helpful to avoid recompilations"): the fusion is then chosen
-    from the graph alone, for every size. Static shapes keep the checks: they are decided once, with no guard."""
+    - Triton code generation: deciding whether to fuse a LayerNorm backward's two reductions (a "mix-order
+      reduction"), inductor checks ``rows >= 4096``, ``rows >= 2 * hidden`` and ``rows * hidden >= 5 * 2**20``,
+      rows being batch x sequence. Bucketed batches of 64 on the demo mix (1k-14k rows) crossed all three within an
+      epoch: 98.1 s of compile for maxout's first run on the H200 (2026-11-27, a1d7f67); with the checks skipped
+      (``mix_order_reduction_non_strict_mode``, inductor's switch "helpful to avoid recompilations") one graph,
+      50.0 s (2026-11-27, 13a3e98). The fusion is then chosen from the graph alone, for every size.
+    - Shape padding (``shape_padding``, fx_passes/pad_mm.py): asking whether a matmul is compute-bound enough to pad
+      its dimensions, torch 2.11 guards on the rows (``769 <= batch`` for BERT-base's pooler on the H200). An
+      epoch's partial last batch then fell below it: a second graph, 110.3 s of compile instead of ~55 at
+      micro-batch 1024 (2026-11-27, 13a3e98, its recompile reason in the log). It only pads static dimensions, and
+      those of the encoders and decoders maxout trains are multiples of 8 already (hidden 768-4096, heads of 64)."""
     import torch._inductor.config as inductor_config  # lazy: inductor's config module imports more of inductor
 
     inductor_config.triton.mix_order_reduction_non_strict_mode = dynamic
+    inductor_config.shape_padding = not dynamic and os.environ.get("TORCHINDUCTOR_SHAPE_PADDING", "1") == "1"
 
 
 def compile_seconds() -> float:
