@@ -281,7 +281,8 @@ def test_the_compile_off_mfu_measures_low_precision_layernorm_against_fp32_in_th
     ctx = Context("mfu", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
     plain, low = mfu.cases(ctx, compiled=False)
     # the same overrides but the last: fp32 LayerNorm asked for by name (the Hopper profiles' default is bf16)
-    assert plain["data"]()[:-1] == low["data"]()[:-1] and plain["data"]()[-1] == "hardware.low_precision_layernorm=false"
+    assert plain["data"]()[:-1] == low["data"]()[:-1]
+    assert plain["data"]()[-1] == "hardware.low_precision_layernorm=false"
     assert low["data"]()[-1] == "hardware.low_precision_layernorm=true"
     assert "hardware.compile=false" in plain["data"]() and low["name"] == mfu.LOW_PRECISION_LN
     case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 400_000.0, "flops_per_token": 6.6e8,
@@ -428,6 +429,31 @@ def test_the_ablation_measures_cuda_graphs_against_default_mode_on_the_same_buck
         got[cell.name] = tuple(named(decisions, n).effective for n in ("compile_mode", "pad_widths", "bucketing"))
     assert got == {"compile_mode=default": ("default", 8, True),
                    "compile_mode=reduce-overhead": ("reduce-overhead", 8, True)}
+
+
+def test_call3s_compile_modes_runs_that_grid_alone_in_two_rounds_and_shows_their_range(tmp_path, monkeypatch):
+    """The H200's batch-64 step was the host's (27-34 ms of wall for 8.5 ms of kernels, 2026-11-27): call 3 runs the
+    ablation's CUDA-graph grid alone, two interleaved rounds, and its table gives each round's ratio."""
+    from benchmarks.gpu.registry import Context
+    from benchmarks.gpu.sections import ablation
+
+    calls = []
+    monkeypatch.setattr(ablation, "run", lambda ctx, first=None, repeats=1: calls.append((first, repeats)))
+    ablation.run_compile_modes(Context("compile_modes", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json"))
+    assert calls == [(1, 2)] and ablation.SECTION_COMPILE_MODES.needs == ("cuda",)
+    cell = {"reason": None, "status": "ok", "steady samples/s": 2400.0, "padding efficiency": 0.92,
+            "peak memory GiB": 6.3, "memory ratio": 1.0, "MFU": 0.05, "compile s": 50.0}
+    table = ablation.markdown({
+        "setup": {"model": "bert_base", "steps_per_cell": 60, "repeats": 2, "base_overrides": ["tracking=none"]},
+        "grids": {"compile mode": {"grid": "compile_mode=default,reduce-overhead", "steps": 100,
+                                   "baseline": "compile_mode=default", "cells": [
+                                       {**cell, "cell": "compile_mode=default", "speed-up": 1.0,
+                                        "speed-up min": 1.0, "speed-up max": 1.0},
+                                       {**cell, "cell": "compile_mode=reduce-overhead", "speed-up": 2.5,
+                                        "speed-up min": 2.1, "speed-up max": 2.9}]}}})
+    assert "2 interleaved rounds (speed-up: the median of the per-round ratios" in table
+    assert "| compile mode, 100 steps | compile_mode=reduce-overhead | 2400.0 | 2.50× (2.10-2.90) | 92% |" in table
+    assert "| compile mode, 100 steps | compile_mode=default | 2400.0 | 1.00× | 92% |" in table
 
 
 def test_each_fused_kernel_flag_has_an_ablation_grid_that_turns_only_it_on_for_its_model(tmp_path, monkeypatch):

@@ -165,7 +165,8 @@ def markdown(rows: dict[str, dict]) -> list[str]:
                      f"{fmt(r['host_ops_ms'], '.2f')} | {fmt(r['syncs_per_step'], '.1f')} |")
         if r.get("other_loader"):
             m, other = r["other_loader"], r["other_workers"]
-            how = "collated in the training process" if other == 0 else f"from {other} worker process{'es' if other > 1 else ''}"
+            plural = "es" if other > 1 else ""
+            how = "collated in the training process" if other == 0 else f"from {other} worker process{plural}"
             lines.append(f"| {name}, batches {how} (num_workers={other}, not {r['num_workers']}) | "
                          f"{m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | – | – | – | – | – |")
     for name, r in [(n, r) for n, r in rows.items() if r["top_host"]]:

@@ -102,8 +102,10 @@ def markdown(results: dict) -> str:
     fmt = lambda v, spec, suffix="": "–" if v is None else format(v, spec) + suffix  # noqa: E731
     setup = results.get("setup", {})
     rounds = setup.get("repeats", 1)
+    interleaved = f", {rounds} interleaved rounds (speed-up: the median of the per-round ratios, their range in " \
+        "brackets)" if rounds > 1 else ""
     lines = [f"Model: random {setup.get('model')}; {setup.get('steps_per_cell')} optimizer steps per cell, steady "
-             f"state{f', {rounds} interleaved rounds (speed-up: the median of the per-round ratios, their range in brackets)' if rounds > 1 else ''}; "
+             f"state{interleaved}; "
              f"base: `{' '.join(setup.get('base_overrides', []))}`.", "",
              "| grid | cell | samples/s | speed-up | padding eff. | peak memory GiB | memory ratio | MFU | compile s "
              "| note |",
