@@ -290,6 +290,12 @@ def test_the_compile_off_mfu_measures_low_precision_layernorm_against_fp32_in_th
             "peak_memory_gb": 50.0}
     table = mfu.markdown({"cases": {plain["name"]: case, low["name"]: {**case, "steady_tokens_per_s": 480_000.0}}})
     assert "Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run): **1.20×** tokens/s." in table
+    host = {"wall_ms": 175.0, "data_ms": 0.5, "issue_ms": 30.0, "kernel_ms": 144.0, "kernels_per_step": 880,
+            "launch_ms": 6.0, "launches_per_step": 880, "host_ops_ms": 60.0, "syncs_per_step": 1.0, "top_host": [],
+            "blocking": {}}
+    table = mfu.markdown({"cases": {plain["name"]: {**case, "host": host}, low["name"]: case}})
+    assert f"| {plain['name']} | 175.00 | 0.50 | 30.00 | 144.00 | 880 | 880 (6.00) | 60.00 | 1.0 | none |" in table
+    assert f"| {low['name']} |" not in table.partition("on the host")[2]  # a case without a split has no row
 
 
 def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
@@ -321,13 +327,13 @@ def test_the_host_split_partitions_each_step_and_runs_on_across_epochs(tmp_path,
     assert quick["steps"] == 2 and (quick["profiled_steps"], quick["launch_ms"], quick["top_host"]) == (0, None, [])
     assert (quick["num_workers"], quick["other_workers"], quick["other_loader"]) == (0, None, None)
     table = host_time.markdown({"maxout": got, "eager": quick})
-    assert table[2].startswith(f"| maxout | {got['wall_ms']:.2f} | {got['data_ms']:.2f} | {got['issue_ms']:.2f} | "
-                               f"– | – | 0 (0.00) | {got['host_ops_ms']:.2f} | – |")
+    assert table[2] == (f"| maxout | {got['wall_ms']:.2f} | {got['data_ms']:.2f} | {got['issue_ms']:.2f} | "
+                        f"– | – | 0 (0.00) | {got['host_ops_ms']:.2f} | – | none |")  # a CPU blocks on no CUDA call
     assert sum(o["ms_per_step"] for o in got["top_host"]) <= got["host_ops_ms"]
     m = got["other_loader"]
     assert table[3] == (f"| maxout, batches collated in the training process (num_workers=0, not 1) | "
-                        f"{m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | – | – | – | – | – |")
-    assert table[4].startswith("| eager |") and table[4].endswith("| – | – | – | – | – |")  # timed only
+                        f"{m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | – | – | – | – | – | – |")
+    assert table[4].startswith("| eager |") and table[4].endswith("| – | – | – | – | – | – |")  # timed only
     assert ops[0][:60] in table[-1] and "eager," not in "".join(table)
     monkeypatch.setattr(os, "cpu_count", lambda: 3)  # in-process loading compared with auto's 1 worker
     workers = host_time.split(tiny_setup(tmp_path), steps=2, profiled=0)
@@ -335,6 +341,20 @@ def test_the_host_split_partitions_each_step_and_runs_on_across_epochs(tmp_path,
     assert "| maxout, batches from 1 worker process (num_workers=1, not 0) |" in \
         "\n".join(host_time.markdown({"maxout": workers}))
     assert not [p for p in multiprocessing.active_children() if p.is_alive()]
+
+
+def test_the_host_split_names_the_cuda_calls_that_block_the_host():
+    """Torch's sync debug mode counted no sync in the H200's compiled batch-64 step, yet at micro-batch 1024 the
+    compiled step idled the GPU ~30 ms a step: the profiler's blocking runtime calls cover the implicit syncs too."""
+    blocking = ["cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaFree",
+                "cudaMalloc", "cudaHostAlloc", "cudaFreeHost", "cuMemFree_v2"]
+    queued = ["cudaMemcpyAsync", "cudaLaunchKernel", "cuLaunchKernelEx", "cudaMemsetAsync", "cudaEventRecord",
+              "cudaStreamWaitEvent", "aten::copy_"]
+    assert [n for n in blocking + queued if host_time.BLOCKING.match(n)] == blocking
+    row = {"wall_ms": 175.0, "data_ms": 0.5, "issue_ms": 174.0, "kernel_ms": 144.0, "kernels_per_step": 880,
+           "launch_ms": 6.0, "launches_per_step": 880, "host_ops_ms": 60.0, "syncs_per_step": 0.0, "top_host": [],
+           "blocking": {"cudaStreamSynchronize": {"calls_per_step": 1.0, "ms_per_step": 120.5}}}
+    assert host_time.markdown({"compiled": row})[2].endswith("| 0.0 | cudaStreamSynchronize 1.0 (120.50) |")
 
 
 def _trial(number, state, start, end, worker):

@@ -18,7 +18,8 @@ runs more steps of the trainer's own ``train_step`` and splits them three ways:
 - profiled (torch.profiler, a few steps; ``profiled=0`` leaves it out): kernel time and kernels per step, the CPU
   time spent in kernel-launch calls, the CPU self time of all the ops the profiler sees (issue time beyond it is
   Python: the loop, module calls, dynamo's guards and wrappers; the profiler slows both, so compare within its own
-  figures), and the host ops with the most CPU self time. CUPTI is torn down when the profile ends
+  figures), the blocking CUDA runtime calls (syncs, and allocations and frees that sync) with the CPU time they
+  waited, and the host ops with the most CPU self time. CUPTI is torn down when the profile ends
   (``TEARDOWN_CUPTI=1`` unless set): left subscribed, it slows every later kernel launch in the process
   (pytorch/pytorch#144455), and runs of the comparison may follow.
 """
@@ -32,6 +33,11 @@ from contextlib import closing
 from typing import Any, Iterator
 
 LAUNCH = re.compile(r"^(cudaLaunch|cuLaunch|cudaGraphLaunch|cudaMemcpyAsync|cudaMemsetAsync)")
+# CUDA runtime calls that block the host until the device catches up: the explicit syncs, and those that sync
+# implicitly (a synchronous copy, freeing device or pinned memory, allocating either). The sync debug mode counts only
+# the syncs torch itself asks for (.item(), nonzero, ...): these are what the profiler sees of all of them.
+BLOCKING = re.compile(r"^(cuda\w*Synchronize|cudaMemcpy$|cudaMemcpy2D$|cudaMalloc|cudaFree|cudaHostAlloc|"
+                      r"cudaMallocHost|cudaFreeHost|cuMemAlloc|cuMemFree|cuStreamSynchronize|cuCtxSynchronize)")
 
 
 def _steps(setup: Any, loader: Any = None) -> Iterator[list]:
@@ -117,7 +123,7 @@ def _syncs(setup: Any, groups: Iterator[list], steps: int, meter: Any) -> float:
 def _profiled(setup: Any, groups: Iterator[list], steps: int, meter: Any, top: int) -> dict:
     """Kernel time, launch calls and the busiest host ops per step over ``steps`` profiled steps (none: all None)."""
     out: dict[str, Any] = {"profiled_steps": steps, "kernel_ms": None, "kernels_per_step": None, "launch_ms": None,
-                           "launches_per_step": None, "host_ops_ms": None, "top_host": []}
+                           "launches_per_step": None, "host_ops_ms": None, "top_host": [], "blocking": None}
     if not steps:
         return out
     import torch  # lazy: the report's parent process never imports torch
@@ -134,6 +140,7 @@ def _profiled(setup: Any, groups: Iterator[list], steps: int, meter: Any, top: i
         sync(setup.device.torch_device)
     kernel_ms = kernels = launch_ms = launches = 0.0
     host: dict[str, float] = {}
+    blocking: dict[str, dict] = {}
     for event in prof.key_averages():
         if cuda and event.device_type == torch.autograd.DeviceType.CUDA:
             kernel_ms += event.self_device_time_total / 1e3
@@ -141,12 +148,17 @@ def _profiled(setup: Any, groups: Iterator[list], steps: int, meter: Any, top: i
         elif event.device_type == torch.autograd.DeviceType.CPU:
             if LAUNCH.match(event.key):
                 launch_ms, launches = launch_ms + event.self_cpu_time_total / 1e3, launches + event.count
+            if BLOCKING.match(event.key):
+                b = blocking.setdefault(event.key, {"calls_per_step": 0.0, "ms_per_step": 0.0})
+                b["calls_per_step"] += event.count / steps
+                b["ms_per_step"] += event.self_cpu_time_total / 1e3 / steps
             host[event.key] = host.get(event.key, 0.0) + event.self_cpu_time_total / 1e3
     ranked = sorted(host.items(), key=lambda kv: -kv[1])[:top]
     out.update({"kernel_ms": kernel_ms / steps if cuda else None, "kernels_per_step": kernels / steps if cuda else None,
                 "launch_ms": launch_ms / steps, "launches_per_step": launches / steps,
                 "host_ops_ms": sum(host.values()) / steps,
-                "top_host": [{"op": name[:100], "ms_per_step": ms / steps} for name, ms in ranked]})
+                "top_host": [{"op": name[:100], "ms_per_step": ms / steps} for name, ms in ranked],
+                "blocking": dict(sorted(blocking.items(), key=lambda kv: -kv[1]["ms_per_step"]))})
     return out
 
 
@@ -156,19 +168,22 @@ def markdown(rows: dict[str, dict]) -> list[str]:
         return []
     fmt = lambda v, spec: "–" if v is None else format(v, spec)  # noqa: E731
     lines = ["| run | wall ms/step | data wait ms | issue ms (train_step returns) | kernel ms | kernels | "
-             "launch calls (CPU ms) | ops' CPU self ms (profiled) | syncs/step |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "launch calls (CPU ms) | ops' CPU self ms (profiled) | syncs/step | blocking CUDA calls (CPU ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         launches = "–" if r["launch_ms"] is None else f"{r['launches_per_step']:.0f} ({r['launch_ms']:.2f})"
+        blocking = r.get("blocking")
+        waits = "–" if blocking is None else ", ".join(
+            f"{n} {b['calls_per_step']:.1f} ({b['ms_per_step']:.2f})" for n, b in blocking.items()) or "none"
         lines.append(f"| {name} | {r['wall_ms']:.2f} | {r['data_ms']:.2f} | {r['issue_ms']:.2f} | "
                      f"{fmt(r['kernel_ms'], '.2f')} | {fmt(r['kernels_per_step'], '.0f')} | {launches} | "
-                     f"{fmt(r['host_ops_ms'], '.2f')} | {fmt(r['syncs_per_step'], '.1f')} |")
+                     f"{fmt(r['host_ops_ms'], '.2f')} | {fmt(r['syncs_per_step'], '.1f')} | {waits} |")
         if r.get("other_loader"):
             m, other = r["other_loader"], r["other_workers"]
             plural = "es" if other > 1 else ""
             how = "collated in the training process" if other == 0 else f"from {other} worker process{plural}"
             lines.append(f"| {name}, batches {how} (num_workers={other}, not {r['num_workers']}) | "
-                         f"{m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | – | – | – | – | – |")
+                         f"{m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | – | – | – | – | – | – |")
     for name, r in [(n, r) for n, r in rows.items() if r["top_host"]]:
         ops = ", ".join(f"`{o['op'][:60]}` {o['ms_per_step']:.2f}" for o in r["top_host"][:6])
         lines.append(f"\n{name}, host ops with the most CPU self time (ms per step): {ops}.")

@@ -22,7 +22,7 @@ import gc
 import re
 from pathlib import Path
 
-from .. import workloads
+from .. import host_time, workloads
 from ..registry import Context, Section
 
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)|\bmm\b|addmm|bmm|_tem_fused_.*mm|matmul|"
@@ -144,6 +144,11 @@ def run(ctx: Context, compiled: bool = False) -> None:
         ctx.record("cases", results)
         results[case["name"]]["profile"] = profile_steps(setup, steps=3 if ctx.full else 2)
         ctx.record("cases", results)
+        # compiled, the H200 idled ~30 ms of each ~175 ms step at this micro-batch (NVML 80%, 2026-11-27) with the
+        # same kernel time as eager: whether the host waits inside the step, and on what, is this split's question
+        results[case["name"]]["host"] = host_time.split(setup, steps=10 if ctx.full else 2,
+                                                        counted=5 if ctx.full else 1, profiled=3 if ctx.full else 1)
+        ctx.record("cases", results)
         del result, setup
         gc.collect()  # the next case's micro-batch of 1024 needs the memory this one held (~50 GiB)
         if torch.cuda.is_available():
@@ -170,6 +175,10 @@ def markdown(results: dict) -> str:
                 / cases_["BERT-base, seq <= 128, compile off"]["steady_tokens_per_s"])
         lines += ["", f"Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run): **{gain:.2f}×** "
                       "tokens/s."]
+    hosts = {name: c["host"] for name, c in cases_.items() if c.get("host")}
+    if hosts:
+        lines += ["", "Where each case's step time goes on the host (more steps after its run; benchmarks/gpu/"
+                      "host_time.py):", "", *host_time.markdown(hosts)]
     for name, c in cases_.items():
         p = c.get("profile")
         if not p:
