@@ -459,8 +459,10 @@ def test_call3s_compile_modes_runs_that_grid_alone_in_two_rounds_and_shows_their
 
     calls = []
     monkeypatch.setattr(ablation, "run", lambda ctx, first=None, repeats=1: calls.append((first, repeats)))
-    ablation.run_compile_modes(Context("compile_modes", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json"))
+    ctx = Context("compile_modes", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
+    ablation.run_compile_modes(ctx)
     assert calls == [(1, 2)] and ablation.SECTION_COMPILE_MODES.needs == ("cuda",)
+    assert isinstance(ctx.results["cudagraph_counters"], dict)  # recorded whatever the grid did
     cell = {"reason": None, "status": "ok", "steady samples/s": 2400.0, "padding efficiency": 0.92,
             "peak memory GiB": 6.3, "memory ratio": 1.0, "MFU": 0.05, "compile s": 50.0}
     table = ablation.markdown({
@@ -474,6 +476,8 @@ def test_call3s_compile_modes_runs_that_grid_alone_in_two_rounds_and_shows_their
     assert "2 interleaved rounds (speed-up: the median of the per-round ratios" in table
     assert "| compile mode, 100 steps | compile_mode=reduce-overhead | 2400.0 | 2.50× (2.10-2.90) | 92% |" in table
     assert "| compile mode, 100 steps | compile_mode=default | 2400.0 | 1.00× | 92% |" in table
+    counted = ablation.markdown({"setup": {}, "cudagraph_counters": {"cudagraph_skips": 2}})
+    assert counted.endswith("Inductor's CUDA-graph counters over the section: `cudagraph_skips` 2.")
 
 
 def test_each_fused_kernel_flag_has_an_ablation_grid_that_turns_only_it_on_for_its_model(tmp_path, monkeypatch):

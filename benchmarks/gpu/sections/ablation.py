@@ -126,6 +126,9 @@ def markdown(results: dict) -> str:
                          f"{fmt(c['peak memory GiB'], '.2f')} | "
                          f"{fmt(c['memory ratio'], '.2f', '×')} | {fmt(c['MFU'], '.1%')} | "
                          f"{fmt(c['compile s'], '.1f')} | {note.replace('|', '/')} |")
+    if "cudagraph_counters" in results:
+        seen = ", ".join(f"`{k}` {v}" for k, v in results["cudagraph_counters"].items()) or "none counted"
+        lines += ["", f"Inductor's CUDA-graph counters over the section: {seen}."]
     return "\n".join(lines)
 
 
@@ -151,9 +154,13 @@ def run_compile_modes(ctx: Context) -> None:
     27-34 ms of wall time for 8.5 ms of kernels: 880 kernel launches and the compiled graphs' Python wrappers. Dynamo's
     recompile reasons and inductor's CUDA-graph decisions (a skipped graph says why) go to the section's log."""
     import torch  # lazy: the parent process never imports torch for this
+    from torch._dynamo.utils import counters
 
     torch._logging.set_logs(recompiles=True, perf_hints=True)
-    run(ctx, first=1, repeats=2)
+    try:
+        run(ctx, first=1, repeats=2)
+    finally:  # how often inductor skipped CUDA graphs, and what they recorded, even when the grid is cut short
+        ctx.record("cudagraph_counters", {k: v for k, v in counters["inductor"].items() if "cudagraph" in k})
 
 
 SECTION_COMPILE_MODES = Section(
