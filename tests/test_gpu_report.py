@@ -298,6 +298,26 @@ def test_the_compile_off_mfu_measures_low_precision_layernorm_against_fp32_in_th
     assert f"| {low['name']} |" not in table.partition("on the host")[2]  # a case without a split has no row
 
 
+def test_the_compiled_mfu_measures_inductors_mix_order_reduction_off_against_on_in_the_same_call(tmp_path):
+    """Run 5's compiled step spent a third of its kernel time in mix-order LayerNorm-backward kernels: call 3's
+    second compiled case turns that fusion off for its own compile only, and the table gives the ratio."""
+    import torch._inductor.config as inductor_config
+
+    from benchmarks.gpu.registry import Context
+
+    ctx = Context("mfu_compiled", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
+    default, off, *_ = mfu.cases(ctx, compiled=True)
+    assert default["data"]() == off["data"]() and "inductor" not in default and off["name"] == mfu.MIX_ORDER_OFF
+    with inductor_config.patch(off["inductor"]):
+        assert inductor_config.triton.mix_order_reduction is False
+    assert inductor_config.triton.mix_order_reduction is True  # restored for whatever runs next in the process
+    case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 400_000.0, "flops_per_token": 5.2e8,
+            "mfu_datasheet": 0.2, "mfu_measured_peak": None, "padding_efficiency": 0.85, "compile_s": 55.0,
+            "compile_graphs": 1, "peak_memory_gb": 45.0}
+    table = mfu.markdown({"cases": {default["name"]: case, off["name"]: {**case, "steady_tokens_per_s": 520_000.0}}})
+    assert "Mix-order reduction off ÷ on (compiled, the same run): **1.30×** tokens/s." in table
+
+
 def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
     profile = mfu.profile_steps(tiny_setup(tmp_path), steps=2)
     assert profile["steps"] == 2 and profile["device_ms"] > 0

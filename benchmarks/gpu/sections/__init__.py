@@ -36,8 +36,9 @@ EXPECTED_S = {
     # estimate: 65.9 s of compile at micro-batch 1024 on 2026-11-26 (run 1), 30 steps and a profile; cut at 100 s
     # (twice) and 148 s (2026-11-27, after the compile-off case) while it compiled
     # 142 s on 2026-11-27 (13a3e98) with 110.3 s of compile for 2 graphs: an epoch's partial last batch crossed shape
-    # padding's guard (compile.no_size_guards turns it off since); one graph ~55 s
-    "mfu_compiled": 100,
+    # padding's guard (compile.no_size_guards turns it off since); one graph ~55 s, with the host split ~80 s; then the
+    # same with mix-order reduction off (~80 s) where the budget has room
+    "mfu_compiled": 90,
     # estimate: the default cell's graph is vs_trainer's (inductor's cache, warm by call 3), reduce-overhead compiles
     # its own (~50 s at batch 64 on the H200) and records 8 widths; 2 rounds x 2 cells x 100 steps of ~30 ms
     "compile_modes": 120,
@@ -61,7 +62,7 @@ PLANS = (
               "(fp32, then low-precision LayerNorm), then P8"),
     Plan("call2", budget_s=280, limits={"gpu_tests": 110, "batch_finder": 80, "tracking": None},
          what="every pytest -m gpu test, the batch finder against real memory, then tracking"),
-    Plan("call3", budget_s=270, limits={"compile_modes": 160, "mfu_compiled": None},
+    Plan("call3", budget_s=280, limits={"compile_modes": 160, "mfu_compiled": None},
          what="with what the loan has left after calls 1 and 2 (202 s and 329 s on 2026-11-27): CUDA graphs at batch "
               "64 (default vs reduce-overhead, two rounds), then MFU compiled and its profile"),
 )

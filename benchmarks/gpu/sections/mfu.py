@@ -31,6 +31,7 @@ ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|softmax.*mask|mha", re.I
 
 
 LOW_PRECISION_LN = "BERT-base, seq <= 128, compile off, low-precision LayerNorm"
+MIX_ORDER_OFF = "BERT-base, seq <= 128, inductor's mix-order reduction off"
 
 
 def kind(kernel: str) -> str:
@@ -87,8 +88,15 @@ def cases(ctx: Context, compiled: bool) -> list[dict]:
                          data=lambda: [*eager(), "hardware.low_precision_layernorm=false"]),
                     dict(name=LOW_PRECISION_LN, arch="bert_base", batch=1024, steps=30, needs_s=40,
                          data=lambda: [*eager(), "hardware.low_precision_layernorm=true"])]
-        # compile: 65.9 s for BERT-base at micro-batch 1024 on 2026-11-26 (run 1); vs_trainer's batch 64 took 98 s
-        return [dict(name="BERT-base, seq <= 128", arch="bert_base", batch=1024, steps=30, needs_s=100, data=base),
+        # compile: 65.9 s for BERT-base at micro-batch 1024 on 2026-11-26 (run 1), 110.3 s for two graphs on
+        # 2026-11-27 (run 5: a partial last batch crossed shape padding's guard, off since), so ~55 s for one.
+        # Then the same with inductor's mix-order reduction off: in run 5 its fused LayerNorm-backward kernels took
+        # 33% of the compiled step's kernel time (~2 ms each on [~75k, 768]; eager's LayerNorm backward ~0.35 ms), and
+        # the compiled step's kernel time was no lower than eager's; pytorch/pytorch#185814 reports that kernel's
+        # block size leaving it at ~10% of memory bandwidth on some shapes
+        return [dict(name="BERT-base, seq <= 128", arch="bert_base", batch=1024, steps=30, needs_s=90, data=base),
+                dict(name=MIX_ORDER_OFF, arch="bert_base", batch=1024, steps=30, needs_s=80, data=base,
+                     inductor={"triton.mix_order_reduction": False}),
                 dict(name="BERT-large, seq 512", arch="bert_large", batch=128, steps=20, needs_s=150,
                      data=lambda: workloads.long_mix(ctx.work, rows=1024, low=512, high=512))]
     return [dict(name=f"tiny, seq <= 128{'' if compiled else ', compile off'}", arch="tiny", batch=32, steps=8,
@@ -98,6 +106,7 @@ def cases(ctx: Context, compiled: bool) -> list[dict]:
 
 def run(ctx: Context, compiled: bool = False) -> None:
     import torch  # lazy: the parent process never imports torch for this
+    import torch._inductor.config as inductor_config  # lazy: as torch
 
     from maxout import loading, metrics  # lazy: imports torch
     from maxout.tracking.tracker import NullTracker  # lazy: imports mlflow's pieces
@@ -118,37 +127,42 @@ def run(ctx: Context, compiled: bool = False) -> None:
                      f"train.batch_size={case['batch']}", f"train.target_effective_batch={case['batch']}",
                      f"train.max_steps={case['steps']}", "train.epochs=1000", "train.eval_every_epochs=1000",
                      f"train.warmup_steps_excluded={warmup}", "train.log_every=5", "checkpoint.enabled=false"]
-        result = train(loading.load(overrides), tracker=NullTracker(), progress=False, verbose=True)
-        m, setup = result.metrics, result.setup
-        precision = setup.decision("precision").effective
-        tf32 = setup.decision("tf32").effective
-        peak_key = precision if precision != "fp32" else ("tf32" if tf32 else "fp32")
-        tokens_s = m.get("perf/steady_tokens_per_s", m["perf/tokens_per_s"])
-        mean_len = m["train/real_tokens"] / max(m["train/samples"], 1)
-        count = metrics.count_flops(setup.model, setup.model_config, mean_len)
-        measured = measured_peaks.get(peak_key)
-        results[case["name"]] = {
-            "micro_batch": setup.micro_batch, "accumulation": setup.accum_steps,
-            "precision": precision, "compile": setup.decision("compile").effective,
-            "attention": setup.decision("attention").effective, "mean_length": mean_len,
-            "low_precision_layernorm": setup.decision("low_precision_layernorm").effective,
-            "padding_efficiency": m["perf/padding_efficiency"], "steady_tokens_per_s": tokens_s,
-            "steady_samples_per_s": m.get("perf/steady_samples_per_s"), "flops_per_token": count.total,
-            "flops": {"forward": count.forward, "weight_grads": count.weight_grads,
-                      "input_grads": count.input_grads, "attention": count.attention},
-            "mfu_datasheet": m.get("perf/mfu"),
-            "mfu_measured_peak": count.total * tokens_s / measured if measured else None,
-            "measured_peak_tflops": measured / 1e12 if measured else None, "compile_s": m.get("time/compile_s"),
-            "compile_graphs": m.get("time/compile_graphs"),
-            "peak_memory_gb": m.get("mem/peak_allocated_gb"), "gpu_utilization": m.get("gpu/utilization_mean")}
-        ctx.record("cases", results)
-        results[case["name"]]["profile"] = profile_steps(setup, steps=3 if ctx.full else 2)
-        ctx.record("cases", results)
-        # compiled, the H200 idled ~30 ms of each ~175 ms step at this micro-batch (NVML 80%, 2026-11-27) with the
-        # same kernel time as eager: whether the host waits inside the step, and on what, is this split's question
-        results[case["name"]]["host"] = host_time.split(setup, steps=10 if ctx.full else 2,
-                                                        counted=5 if ctx.full else 1, profiled=3 if ctx.full else 1)
-        ctx.record("cases", results)
+        # a case's own inductor settings hold while it compiles and runs (process-wide, so restored after it); it
+        # compiles its own graph: dynamo would otherwise reuse the last case's for the same model class and shapes
+        if case.get("inductor"):
+            torch._dynamo.reset()
+        with inductor_config.patch(case.get("inductor") or {}):
+            result = train(loading.load(overrides), tracker=NullTracker(), progress=False, verbose=True)
+            m, setup = result.metrics, result.setup
+            precision = setup.decision("precision").effective
+            tf32 = setup.decision("tf32").effective
+            peak_key = precision if precision != "fp32" else ("tf32" if tf32 else "fp32")
+            tokens_s = m.get("perf/steady_tokens_per_s", m["perf/tokens_per_s"])
+            mean_len = m["train/real_tokens"] / max(m["train/samples"], 1)
+            count = metrics.count_flops(setup.model, setup.model_config, mean_len)
+            measured = measured_peaks.get(peak_key)
+            results[case["name"]] = {
+                "micro_batch": setup.micro_batch, "accumulation": setup.accum_steps,
+                "precision": precision, "compile": setup.decision("compile").effective,
+                "attention": setup.decision("attention").effective, "mean_length": mean_len,
+                "low_precision_layernorm": setup.decision("low_precision_layernorm").effective,
+                "padding_efficiency": m["perf/padding_efficiency"], "steady_tokens_per_s": tokens_s,
+                "steady_samples_per_s": m.get("perf/steady_samples_per_s"), "flops_per_token": count.total,
+                "flops": {"forward": count.forward, "weight_grads": count.weight_grads,
+                          "input_grads": count.input_grads, "attention": count.attention},
+                "mfu_datasheet": m.get("perf/mfu"),
+                "mfu_measured_peak": count.total * tokens_s / measured if measured else None,
+                "measured_peak_tflops": measured / 1e12 if measured else None, "compile_s": m.get("time/compile_s"),
+                "compile_graphs": m.get("time/compile_graphs"),
+                "peak_memory_gb": m.get("mem/peak_allocated_gb"), "gpu_utilization": m.get("gpu/utilization_mean")}
+            ctx.record("cases", results)
+            results[case["name"]]["profile"] = profile_steps(setup, steps=3 if ctx.full else 2)
+            ctx.record("cases", results)
+            # compiled, the H200 idled ~30 ms of each ~175 ms step at this micro-batch (NVML 80%, 2026-11-27) with the
+            # same kernel time as eager: whether the host waits inside the step, and on what, is this split's question
+            results[case["name"]]["host"] = host_time.split(setup, steps=10 if ctx.full else 2,
+                                                            counted=5 if ctx.full else 1, profiled=3 if ctx.full else 1)
+            ctx.record("cases", results)
         del result, setup
         gc.collect()  # the next case's micro-batch of 1024 needs the memory this one held (~50 GiB)
         if torch.cuda.is_available():
@@ -175,6 +189,9 @@ def markdown(results: dict) -> str:
                 / cases_["BERT-base, seq <= 128, compile off"]["steady_tokens_per_s"])
         lines += ["", f"Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run): **{gain:.2f}×** "
                       "tokens/s."]
+    if MIX_ORDER_OFF in cases_ and "BERT-base, seq <= 128" in cases_:
+        gain = cases_[MIX_ORDER_OFF]["steady_tokens_per_s"] / cases_["BERT-base, seq <= 128"]["steady_tokens_per_s"]
+        lines += ["", f"Mix-order reduction off ÷ on (compiled, the same run): **{gain:.2f}×** tokens/s."]
     hosts = {name: c["host"] for name, c in cases_.items() if c.get("host")}
     if hosts:
         lines += ["", "Where each case's step time goes on the host (more steps after its run; benchmarks/gpu/"
