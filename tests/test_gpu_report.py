@@ -471,31 +471,36 @@ def test_the_ablation_measures_cuda_graphs_against_default_mode_on_the_same_buck
                    "compile_mode=reduce-overhead": ("reduce-overhead", 8, True)}
 
 
-def test_call3s_compile_modes_runs_that_grid_alone_in_two_rounds_and_shows_their_range(tmp_path, monkeypatch):
+def test_call3s_compile_modes_runs_that_grid_alone_in_two_rounds_recorded_one_by_one(tmp_path, monkeypatch):
     """The H200's batch-64 step was the host's (27-34 ms of wall for 8.5 ms of kernels, 2026-11-27): call 3 runs the
-    ablation's CUDA-graph grid alone, two interleaved rounds, and its table gives each round's ratio."""
+    ablation's CUDA-graph grid alone, in two rounds, each its own rows (a cut second round keeps the first), within
+    the section's limit."""
     from benchmarks.gpu.registry import Context
     from benchmarks.gpu.sections import ablation
 
     calls = []
-    monkeypatch.setattr(ablation, "run", lambda ctx, first=None, repeats=1: calls.append((first, repeats)))
+    monkeypatch.setattr(ablation, "run", lambda ctx, first=None, rounds=1: calls.append((first, rounds)))
     ctx = Context("compile_modes", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
     ablation.run_compile_modes(ctx)
     assert calls == [(1, 2)] and ablation.SECTION_COMPILE_MODES.needs == ("cuda",)
     assert isinstance(ctx.results["cudagraph_counters"], dict)  # recorded whatever the grid did
+    (_, spec, _, needs_s, _), *_ = ablation.grids(ctx, cuda=True)
+    assert spec == "compile_mode=default,reduce-overhead"
+    assert needs_s + needs_s / 3 <= PLANS[2].limits["compile_modes"]  # both rounds fit the section's own limit
     cell = {"reason": None, "status": "ok", "steady samples/s": 2400.0, "padding efficiency": 0.92,
             "peak memory GiB": 6.3, "memory ratio": 1.0, "MFU": 0.05, "compile s": 50.0}
     table = ablation.markdown({
-        "setup": {"model": "bert_base", "steps_per_cell": 60, "repeats": 2, "base_overrides": ["tracking=none"]},
-        "grids": {"compile mode": {"grid": "compile_mode=default,reduce-overhead", "steps": 100,
-                                   "baseline": "compile_mode=default", "cells": [
-                                       {**cell, "cell": "compile_mode=default", "speed-up": 1.0,
-                                        "speed-up min": 1.0, "speed-up max": 1.0},
-                                       {**cell, "cell": "compile_mode=reduce-overhead", "speed-up": 2.5,
-                                        "speed-up min": 2.1, "speed-up max": 2.9}]}}})
-    assert "2 interleaved rounds (speed-up: the median of the per-round ratios" in table
-    assert "| compile mode, 100 steps | compile_mode=reduce-overhead | 2400.0 | 2.50× (2.10-2.90) | 92% |" in table
-    assert "| compile mode, 100 steps | compile_mode=default | 2400.0 | 1.00× | 92% |" in table
+        "setup": {"model": "bert_base", "steps_per_cell": 60, "rounds": 2, "base_overrides": ["tracking=none"]},
+        "grids": {"compile mode, round 1": {"grid": "compile_mode=default,reduce-overhead", "steps": 100,
+                                            "baseline": "compile_mode=default", "cells": [
+                                                {**cell, "cell": "compile_mode=default", "speed-up": 1.0},
+                                                {**cell, "cell": "compile_mode=reduce-overhead", "speed-up": 2.5}]},
+                  "compile mode, round 2": {"grid": "compile_mode=default,reduce-overhead",
+                                            "left_out": "20 s left in the section, the grid needs ~43 s"}}})
+    assert "2 rounds of each grid, its cells in the same order" in table
+    assert "| compile mode, round 1, 100 steps | compile_mode=reduce-overhead | 2400.0 | 2.50× | 92% |" in table
+    assert "| compile mode, round 1, 100 steps | compile_mode=default | 2400.0 | 1.00× | 92% |" in table
+    assert "| compile mode, round 2 | `compile_mode=default,reduce-overhead` | | | | | | | | left out: 20 s" in table
     counted = ablation.markdown({"setup": {}, "cudagraph_counters": {"cudagraph_skips": 2}})
     assert counted.endswith("Inductor's CUDA-graph counters over the section: `cudagraph_skips` 2.")
 
