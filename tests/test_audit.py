@@ -27,17 +27,49 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_levers_the_device_cannot_use_carry_the_training_runs_reason(cpu_device):
     asked = ["hardware.tf32=true", "hardware.pin_memory=true", "hardware.cudnn_benchmark=true",
-             "hardware.attn_implementation=flash_attention_2"]
+             "hardware.attn_implementation=flash_attention_2", "hardware.liger_kernel=true",
+             "hardware.low_precision_layernorm=true"]
     result = train(loading.load([*TINY, *asked], device=cpu_device), progress=False, device=cpu_device, verbose=False)
     rows = {r.name: r for r in audit.plan_levers(loading.load(TINY, device=cpu_device), cpu_device)}
     for lever, param in [("tf32", "tf32"), ("pin_memory", "pin_memory"), ("cudnn_benchmark", "cudnn_benchmark"),
-                         ("flash_attention", "attention")]:
+                         ("flash_attention", "attention"), ("liger_kernel", "liger_kernel")]:
         row = rows[lever]
         assert (row.status, row.decision) == (levers.CANNOT_USE, param), lever
         assert row.reason == result.params[f"opt.{param}.reason"], lever  # the same string, from the same code
+    # decided when the model is built, so checked by the lever itself, with the same code and the same words
+    lp_norm = rows["low_precision_layernorm"]
+    assert lp_norm.status == levers.CANNOT_USE
+    assert lp_norm.reason == result.params["opt.low_precision_layernorm.reason"] and "no CUDA device" in lp_norm.reason
+    if cpu_device.compiler:  # compiled, then tuned: only inductor's GPU kernels are tuned
+        tuning = rows["inductor_tuning"]
+        assert (tuning.status, tuning.decision) == (levers.CANNOT_USE, "inductor_tuning")
+        assert tuning.reason.startswith("coordinate-descent tuning tunes inductor's Triton (GPU) kernels")
     if cpu_device.compiler:  # without a C compiler, compile itself is what cannot be used
         assert (rows["cuda_graphs"].status, rows["cuda_graphs"].decision) == (levers.CANNOT_USE, "compile_mode")
         assert rows["cuda_graphs"].reason == "CUDA graphs need a CUDA device"
+
+
+def test_on_a_hopper_gpu_bf16_layernorm_is_a_lever_to_measure_unless_the_profile_has_it():
+    """The h200 profile runs LayerNorm in bf16 (1.13x on the H200, 2026-11-27): in use there; a config that turns
+    it off gets it measured; Liger's kernels cannot serve an encoder, with the reason a run would log."""
+    from transformers import BertForSequenceClassification
+
+    from maxout.train.setup import plan_decisions
+
+    from .conftest import fake_cuda
+
+    h200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
+    by_name = {lever.name: lever for lever in levers.LEVERS}
+    for extra, status, overrides in [([], levers.IN_USE, ()),
+                                     (["hardware.low_precision_layernorm=false"], levers.MEASURE,
+                                      ("hardware.low_precision_layernorm=true",))]:
+        cfg = loading.load(["hardware=h200", "model=tiny", *extra], device=h200)
+        ctx = levers.Context(h200, BertForSequenceClassification,
+                             plan_decisions(cfg, h200, BertForSequenceClassification), 16, 1, lambda c: 16)
+        row = levers.assess(by_name["low_precision_layernorm"], cfg, ctx)
+        assert (row.status, tuple(row.overrides or ())) == (status, overrides), extra
+    liger = levers.assess(by_name["liger_kernel"], cfg, ctx)
+    assert liger.status == levers.CANNOT_USE and liger.decision == "liger_kernel"
 
 
 def test_levers_in_use_and_skipped_say_why(cpu_device):

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from ..config import Config
 from ..errors import ConfigError, first_line, one_of
 from ..hardware import DeviceInfo
-from ..optimizations import ATTENTION, named
+from ..optimizations import ATTENTION, low_precision_layernorm, named
 from ..optimizations.dataloader import auto_workers
 from ..train.setup import plan_decisions
 
@@ -128,6 +128,15 @@ def _checkpointing(cfg: Config, ctx: Context) -> Target:
     return _try("hardware.gradient_checkpointing=true", f"train.batch_size={with_ckpt}")
 
 
+def _low_precision_layernorm(cfg: Config, ctx: Context) -> Target:
+    # Decided when the model is built (it looks for the model's LayerNorms), so not in plan_decisions: the device
+    # and the precision are checked here with the same code; a model without one logs why when its run builds it.
+    if cfg.hardware.low_precision_layernorm:
+        return Target(status=IN_USE, note="hardware.low_precision_layernorm=true already")
+    ok, why = low_precision_layernorm.supported(ctx.device, named(ctx.current, "precision").effective)
+    return _try("hardware.low_precision_layernorm=true") if ok else Target(status=CANNOT_USE, note=why)
+
+
 def _off(key: str, on: Callable[[Config], bool], value: str) -> Callable[[Config, Context], Target]:
     def target(cfg: Config, ctx: Context) -> Target:
         return _try(f"{key}={value}") if on(cfg) else Target(status=IN_USE, note=f"{key}={value} already")
@@ -151,6 +160,10 @@ LEVERS: tuple = (
           what="cuDNN picks the fastest kernel per shape"),
     Lever("num_workers", _workers, ("num_workers",), what="DataLoader worker processes"),
     Lever("pin_memory", _switch("hardware.pin_memory"), ("pin_memory",), what="pinned host memory for copies"),
+    Lever("low_precision_layernorm", _low_precision_layernorm,
+          what="LayerNorm in the autocast dtype: a 16-bit residual stream (encoders)"),
+    Lever("liger_kernel", _switch("hardware.liger_kernel"), ("liger_kernel",),
+          what="Liger's fused Triton kernels (decoders' RMSNorm, SwiGLU, RoPE, cross-entropy)"),
     Lever("gradient_checkpointing", _checkpointing, ("gradient_checkpointing",),
           what="recompute activations to fit a larger micro-batch", searches=True),
     Lever("deterministic", _off("train.deterministic", lambda c: c.train.deterministic, "false"),
@@ -160,6 +173,8 @@ LEVERS: tuple = (
     Lever("compile", _switch("hardware.compile"), ("compile",), what="torch.compile (inductor)"),
     Lever("cuda_graphs", lambda cfg, ctx: _try("hardware.compile=true", "hardware.compile_mode=reduce-overhead"),
           ("compile", "compile_mode"), what="torch.compile with CUDA graphs (reduce-overhead)"),
+    Lever("inductor_tuning", lambda cfg, ctx: _try("hardware.compile=true", "hardware.inductor_tuning=true"),
+          ("compile", "inductor_tuning"), what="torch.compile with inductor's coordinate-descent kernel tuning"),
 )
 NAMES = tuple(lever.name for lever in LEVERS)
 
