@@ -96,24 +96,29 @@ def test_on_a_gpu_a_layernorm_backward_compiles_once_across_the_size_thresholds(
     1,024 rows and then at 16,384 (across rows >= 4096 and rows x 768 >= 5 x 2**20). Through compile.apply: one graph.
     With the size checks left on (``guarded``), the count is printed, not asserted: it says whether this torch
     version's Triton code generation guards there at all."""
-    from torch._dynamo.utils import counters
+    import torch._inductor.config as inductor_config
 
     norm = torch.nn.LayerNorm(768).cuda()
     step = compile_opt.apply(lambda x: norm(x).float().square().mean(), "default", dynamic=True)
     if guarded:
-        import torch._inductor.config as inductor_config
-
         monkeypatch.setattr(inductor_config.triton, "mix_order_reduction_non_strict_mode", False)
-    torch._dynamo.reset()
-    before = counters["stats"]["unique_graphs"]
-    for rows in (1024, 16384, 2048):
-        x = torch.randn(rows, 768, device="cuda", requires_grad=True)  # fp32: as autocast runs LayerNorm
-        step(x).backward()
-    graphs = counters["stats"]["unique_graphs"] - before
+    graphs = graphs_over(step, (1024, 16384, 2048), torch.float32)  # fp32: as autocast runs LayerNorm
     print(f"graphs with the size checks {'on' if guarded else 'off'}: {graphs}")
     if not guarded:
         assert graphs == 1
+
+
+def graphs_over(step, rows: tuple, dtype) -> int:
+    """Graphs dynamo compiles for ``step`` run forward and backward on [n, 768] inputs for each n of ``rows``."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    for n in rows:
+        step(torch.randn(n, 768, device="cuda", dtype=dtype, requires_grad=True)).backward()
+    graphs = counters["stats"]["unique_graphs"] - before
+    torch._dynamo.reset()
+    return graphs
 
 
 @pytest.mark.gpu
@@ -123,21 +128,13 @@ def test_on_a_gpu_a_partial_last_batch_reuses_the_graph_of_full_ones(guarded, mo
     matmul, at 1,024 rows and then at an epoch's partial last batch of 512, across shape padding's compute-bound
     guard (``769 <= batch`` there). Through compile.apply: one graph. With shape padding left on (``guarded``) the
     count is printed, not asserted: it says whether this torch version guards there."""
-    from torch._dynamo.utils import counters
+    import torch._inductor.config as inductor_config
 
     pooler = torch.nn.Linear(768, 768).cuda().to(torch.bfloat16)
     step = compile_opt.apply(lambda x: torch.tanh(pooler(x)).float().square().mean(), "default", dynamic=True)
     if guarded:
-        import torch._inductor.config as inductor_config
-
         monkeypatch.setattr(inductor_config, "shape_padding", True)
-    torch._dynamo.reset()
-    before = counters["stats"]["unique_graphs"]
-    for rows in (1024, 512, 2048):
-        x = torch.randn(rows, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        step(x).backward()
-    graphs = counters["stats"]["unique_graphs"] - before
+    graphs = graphs_over(step, (1024, 512, 2048), torch.bfloat16)
     print(f"graphs with shape padding {'on' if guarded else 'off'}: {graphs}")
     if not guarded:
         assert graphs == 1
-    torch._dynamo.reset()
