@@ -232,3 +232,54 @@ def test_checkpoint_saves_stay_out_of_the_training_window(tmp_path, monkeypatch)
     assert m["time/checkpoint_s"] >= 1000.0 * saves
     assert m["perf/steady_samples_per_s"] > 1.0  # 6 steps of 8 rows in well under 1000 s
     assert m["time/wall_s"] >= 1000.0 * saves  # the wall clock still sees them
+
+
+def test_runs_sharing_a_checkpoint_folder_may_remove_it_or_fill_it_while_one_finishes(tmp_path, monkeypatch):
+    """A train, an hpo and a second train started together on one checkpoint.dir (tests/test_faults.py): each finished
+    run removes its empty folders, and another run may have removed one first, or just made a folder in it. Neither
+    is an error; and a run making its folder again after a neighbour removed the empty parent gets it."""
+    import errno
+    from pathlib import Path
+
+    from maxout.train.resume import remove_if_empty
+
+    shared = tmp_path / "ckpt"
+    real_rmdir = Path.rmdir
+
+    def removed_first(self):  # the neighbour's rmdir lands between this one's look and its own rmdir
+        real_rmdir(self)
+        real_rmdir(self)
+
+    shared.mkdir()
+    monkeypatch.setattr(Path, "rmdir", removed_first)
+    remove_if_empty(shared)  # FileNotFoundError from the second rmdir: not an error
+    assert not shared.exists()
+
+    def filled_first(self):  # the neighbour makes its run's folder in it just before the rmdir
+        (self / "neighbour").mkdir()
+        real_rmdir(self)
+
+    shared.mkdir()
+    monkeypatch.setattr(Path, "rmdir", filled_first)
+    remove_if_empty(shared)  # ENOTEMPTY: the folder is the neighbour's now
+    assert (shared / "neighbour").is_dir()
+
+    def read_only(self):
+        raise OSError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "rmdir", read_only)
+    with pytest.raises(PermissionError):  # any other failure still says so
+        remove_if_empty(shared)
+    monkeypatch.setattr(Path, "rmdir", real_rmdir)
+
+    real_mkdir, removals = Path.mkdir, []
+
+    def parent_removed_once(self, *args, **kwargs):  # the first try loses its parent to a finishing neighbour
+        if not removals:
+            removals.append(self)
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(self.parent))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", parent_removed_once)
+    saved = checkpointing.save_atomic({"step": 1}, tmp_path / "ckpt" / "key" / "run" / "step-1.pt")
+    assert saved.is_file() and len(removals) == 1

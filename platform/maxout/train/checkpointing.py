@@ -100,8 +100,20 @@ class _Hashing:
         self.f.flush()
 
 
+def make_folder(directory: Path, tries: int = 5) -> None:
+    """``directory`` and its parents, made again where another run removed an empty parent in between (a finished
+    run removes its empty checkpoint folders, and runs share them: resume.remove_if_empty)."""
+    for attempt in range(tries):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if attempt == tries - 1:
+                raise
+
+
 def save_atomic(payload: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:

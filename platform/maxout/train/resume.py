@@ -23,6 +23,7 @@ could reshard FSDP's weights, but not each rank's data position and RNG states).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -136,8 +137,21 @@ class Plan:
         if self.run_id:
             shutil.rmtree(self.root / self.run_id, ignore_errors=True)
             for directory in (self.root, self.root.parent):  # no empty folders left behind
-                if directory.is_dir() and not any(directory.iterdir()):
-                    directory.rmdir()
+                remove_if_empty(directory)
+
+
+def remove_if_empty(directory: Path) -> None:
+    """Remove ``directory`` if it is empty. Other runs share it (runs started together, HPO trials, a Slurm array):
+    one may have removed it first, or just created a folder in it; either way it is theirs now, not an error. A
+    train, an hpo and a second train command finishing together on one checkpoint.dir failed the hpo on the first
+    case (FileNotFoundError, fresh-clone suite, 2026-11-27)."""
+    try:
+        directory.rmdir()
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):  # EEXIST: what some filesystems say for "not empty"
+            raise
 
 
 def checkpoint_format(fsdp: bool, sharded: bool, async_save: bool) -> str:

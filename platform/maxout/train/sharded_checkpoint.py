@@ -54,7 +54,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from ..errors import first_line
 from ..optimizations import data_parallel
-from .checkpointing import FORMAT, Damaged, file_name, fsync_directory, write_small
+from .checkpointing import FORMAT, Damaged, file_name, fsync_directory, make_folder, write_small
 from .setup import Setup
 
 log = logging.getLogger("maxout")
@@ -127,7 +127,7 @@ class ShardedWriter:
         pending = self.pending = _Pending(step, folder)
         if self.world.is_main:
             try:  # first, so that it is in before this rank's checksums are taken (async: in the writer thread)
-                folder.mkdir(parents=True, exist_ok=True)
+                make_folder(folder)
                 with open(folder / STATE, "wb") as f:
                     torch.save({"format": FORMAT, "dcp": True, **small}, f)
                     f.flush()
