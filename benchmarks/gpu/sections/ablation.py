@@ -124,10 +124,8 @@ def markdown(results: dict) -> str:
         for c in g["cells"]:
             note = c["reason"] or ("baseline" if c["cell"] == g["baseline"] else "")
             note = f"{c['status']}: {note}" if c["status"] != "ok" else note
-            rounds = "" if c.get("speed-up min") in (None, c.get("speed-up max")) else \
-                f" ({c['speed-up min']:.2f}-{c['speed-up max']:.2f})"
             lines.append(f"| {name} | {c['cell']} | {fmt(c['steady samples/s'], '.1f')} | "
-                         f"{fmt(c['speed-up'], '.2f', '×')}{rounds} | {fmt(c.get('padding efficiency'), '.0%')} | "
+                         f"{fmt(c['speed-up'], '.2f', '×')} | {fmt(c.get('padding efficiency'), '.0%')} | "
                          f"{fmt(c['peak memory GiB'], '.2f')} | "
                          f"{fmt(c['memory ratio'], '.2f', '×')} | {fmt(c['MFU'], '.1%')} | "
                          f"{fmt(c['compile s'], '.1f')} | {note.replace('|', '/')} |")
