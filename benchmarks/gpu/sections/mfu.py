@@ -32,6 +32,10 @@ ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|softmax.*mask|mha", re.I
 
 LOW_PRECISION_LN = "BERT-base, seq <= 128, compile off, low-precision LayerNorm"
 MIX_ORDER_OFF = "BERT-base, seq <= 128, inductor's mix-order reduction off"
+# The ratios a table ends with: (a case, the case it is compared with, what the ratio says), both in one process
+RATIOS = ((LOW_PRECISION_LN, "BERT-base, seq <= 128, compile off",
+           "Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run)"),
+          (MIX_ORDER_OFF, "BERT-base, seq <= 128", "Mix-order reduction off ÷ on (compiled, the same run)"))
 
 
 def kind(kernel: str) -> str:
@@ -184,14 +188,10 @@ def markdown(results: dict) -> str:
     if results.get("left_out"):
         lines += ["", "Left out for lack of time: " + "; ".join(results["left_out"]) + "."]
     cases_ = results.get("cases", {})
-    if LOW_PRECISION_LN in cases_ and "BERT-base, seq <= 128, compile off" in cases_:
-        gain = (cases_[LOW_PRECISION_LN]["steady_tokens_per_s"]
-                / cases_["BERT-base, seq <= 128, compile off"]["steady_tokens_per_s"])
-        lines += ["", f"Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run): **{gain:.2f}×** "
-                      "tokens/s."]
-    if MIX_ORDER_OFF in cases_ and "BERT-base, seq <= 128" in cases_:
-        gain = cases_[MIX_ORDER_OFF]["steady_tokens_per_s"] / cases_["BERT-base, seq <= 128"]["steady_tokens_per_s"]
-        lines += ["", f"Mix-order reduction off ÷ on (compiled, the same run): **{gain:.2f}×** tokens/s."]
+    for case, against, what in RATIOS:
+        if case in cases_ and against in cases_:
+            gain = cases_[case]["steady_tokens_per_s"] / cases_[against]["steady_tokens_per_s"]
+            lines += ["", f"{what}: **{gain:.2f}×** tokens/s."]
     hosts = {name: c["host"] for name, c in cases_.items() if c.get("host")}
     if hosts:
         lines += ["", "Where each case's step time goes on the host (more steps after its run; benchmarks/gpu/"
