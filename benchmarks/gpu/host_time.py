@@ -78,11 +78,13 @@ def other_workers(loader: Any) -> int:
 
 def other_loader(loader: Any, workers: int) -> Any:
     """The same batches with ``workers`` worker processes (0: collated in the training process, no worker's batch
-    to unpickle, no pin-memory thread beside the one that launches kernels)."""
-    import torch  # lazy: the report's parent process never imports torch
+    to unpickle, no pin-memory thread beside the one that launches kernels), built as the trainer builds its own
+    (optimizations/dataloader.py); its workers end with the comparison."""
+    from maxout.optimizations.dataloader import LoaderSettings, apply  # lazy: imports torch
 
-    return torch.utils.data.DataLoader(loader.dataset, batch_sampler=loader.batch_sampler,
-                                       collate_fn=loader.collate_fn, num_workers=workers, pin_memory=loader.pin_memory)
+    settings = LoaderSettings(workers, loader.pin_memory, persistent_workers=False,
+                              prefetch_factor=(loader.prefetch_factor or 2) if workers else None)
+    return apply(loader.dataset, loader.batch_sampler, loader.collate_fn, settings)
 
 
 def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top: int = 10) -> dict:
