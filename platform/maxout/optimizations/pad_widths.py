@@ -9,8 +9,8 @@ training rows' length quantiles (1/N, 2/N, ..., the longest), rounded up to data
 the widths where the rows are, so the padding they add is small where most batches fall (the run logs the widths
 as ``derived.pad_widths`` and the padding efficiency as ``perf/padding_efficiency``).
 
-``auto``: N = 8 where CUDA graphs are asked for and can run (a CUDA device, compile on, a CUDA-graph mode), else
-off: without CUDA graphs every extra padded token is waste.
+``auto``: N = 8 where CUDA graphs are asked for and can run (a CUDA device, compile on, a CUDA-graph mode, no FSDP),
+else off: without CUDA graphs every extra padded token is waste.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from .base import Decision
 AUTO_WIDTHS = 8  # cudagraph trees warn past 8 recorded shapes per graph (inductor's cudagraph_dynamic_shape_warn_limit)
 
 
-def resolve(requested: Any, device: Any, compiled: bool, compile_mode: str, padding: str) -> Decision:
-    """``requested``: an int, ``auto`` or None (off); ``compiled``: the compile decision's effective value."""
+def resolve(requested: Any, device: Any, compiled: bool, compile_mode: str, padding: str,
+            parallel: str = "none") -> Decision:
+    """``requested``: an int, ``auto`` or None (off); ``compiled``: the compile decision's effective value;
+    ``parallel``: the data_parallel decision's (FSDP runs no CUDA graphs: compile.resolve_mode)."""
     if requested is None:
         return Decision("pad_widths", None, None)
     if padding != "dynamic":
@@ -34,7 +36,7 @@ def resolve(requested: Any, device: Any, compiled: bool, compile_mode: str, padd
         return Decision("pad_widths", requested, None, why)
     if requested != "auto":
         return Decision("pad_widths", requested, requested)
-    graphs = device.is_cuda and compiled and compile_mode in CUDAGRAPH_MODES
+    graphs = device.is_cuda and compiled and compile_mode in CUDAGRAPH_MODES and parallel != "fsdp"
     if graphs:
         return Decision("pad_widths", "auto", AUTO_WIDTHS,
                         f"auto: CUDA graphs ({compile_mode}) record one graph per padded width: {AUTO_WIDTHS} widths")

@@ -148,15 +148,17 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_fused = decide("fused_adamw", hw.fused_adamw, fused_adamw.supported(device))
     d_clip = decide("grad_clipping", tr.max_grad_norm, grad_clipping.supported(tr.max_grad_norm), off=0.0)
     d_compile = decide("compile", hw.compile, compile_opt.supported(device))
-    d_widths = pad_widths.resolve(hw.pad_widths, device, d_compile.effective, hw.compile_mode, d_pad.effective)
-    d_mode = (compile_opt.resolve_mode(hw.compile_mode, device, d_pad.effective, d_widths.effective)
+    d_parallel = data_parallel.resolve(cfg.distributed.strategy, world.size, world.initialized, d_prec.effective)
+    d_widths = pad_widths.resolve(hw.pad_widths, device, d_compile.effective, hw.compile_mode, d_pad.effective,
+                                  d_parallel.effective)
+    d_mode = (compile_opt.resolve_mode(hw.compile_mode, device, d_pad.effective, d_widths.effective,
+                                       d_parallel.effective)
               if d_compile.effective else Decision("compile_mode", hw.compile_mode, "none", "compile is off"))
     d_dropout = decide("fast_dropout", hw.fast_dropout,
                        fast_dropout.supported(device, d_compile.effective, d_ckpt.effective))
     d_liger = decide("liger_kernel", hw.liger_kernel,
                      liger_kernel.supported(device, model_class.config_class.model_type))
     d_tuning = decide("inductor_tuning", hw.inductor_tuning, inductor_tuning.supported(device, d_compile.effective))
-    d_parallel = data_parallel.resolve(cfg.distributed.strategy, world.size, world.initialized, d_prec.effective)
     return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_packing, d_widths, d_fused,
             d_clip, d_compile, d_mode, d_dropout, d_liger, d_tuning, d_parallel]
 
