@@ -48,6 +48,9 @@ def _steps(setup: Any, loader: Any = None) -> Iterator[list]:
         yield from accumulation_groups(setup.train_loader if loader is None else loader, setup.accum_steps)
 
 
+WARM_STEPS = 3  # steps a newly built loader runs before its timed ones
+
+
 def _timed(setup: Any, groups: Iterator[list], steps: int, meter: Any) -> dict:
     """Wall, data-wait and issue milliseconds per step over ``steps`` steps, one sync at each end."""
     from maxout.metrics import sync  # lazy: imports torch
@@ -101,6 +104,9 @@ def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top:
                                "other_workers": other if other != workers else None, "other_loader": None}
         if other != workers:  # the same steps with the batches loaded the other way
             with closing(_steps(setup, other_loader(setup.train_loader, other))) as loaded:
+                # untimed first: a new loader's workers start (spawn, imports) on its first batch, which the run's own
+                # loader had long done (on the H200 that start-up read as ~50 ms of data wait a step over 10 steps)
+                _timed(setup, loaded, WARM_STEPS, meter)
                 out["other_loader"] = _timed(setup, loaded, steps, meter)
         out["syncs_per_step"] = _syncs(setup, groups, counted, meter) if setup.device.is_cuda else None
         out.update(_profiled(setup, groups, profiled, meter, top))
