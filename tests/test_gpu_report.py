@@ -277,19 +277,26 @@ def tiny_setup(folder, *overrides):
 
 def test_the_compile_off_mfu_measures_low_precision_layernorm_against_fp32_in_the_same_call(tmp_path):
     from benchmarks.gpu.registry import Context
+    from maxout import loading
 
     ctx = Context("mfu", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
-    plain, low = mfu.cases(ctx, compiled=False)
+    plain, low, packed = mfu.cases(ctx, compiled=False)
     # the same overrides but the last: fp32 LayerNorm asked for by name (the Hopper profiles' default is bf16)
     assert plain["data"]()[:-1] == low["data"]()[:-1]
     assert plain["data"]()[-1] == "hardware.low_precision_layernorm=false"
     assert low["data"]()[-1] == "hardware.low_precision_layernorm=true"
     assert "hardware.compile=false" in plain["data"]() and low["name"] == mfu.LOW_PRECISION_LN
+    # then the same padding-free, at the same tokens a step: a config that loads, packed
+    assert packed["data"]()[:len(low["data"]())] == low["data"]() and packed["name"] == mfu.PACKED
+    cfg = loading.load([*workloads.model("tiny"), *packed["data"]()])
+    assert (cfg.data.padding, cfg.data.max_tokens_per_batch, cfg.hardware.compile) == ("packed", "auto", False)
     case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 400_000.0, "flops_per_token": 6.6e8,
             "mfu_datasheet": 0.23, "mfu_measured_peak": None, "padding_efficiency": 0.85, "compile_s": None,
             "peak_memory_gb": 50.0}
-    table = mfu.markdown({"cases": {plain["name"]: case, low["name"]: {**case, "steady_tokens_per_s": 480_000.0}}})
+    table = mfu.markdown({"cases": {plain["name"]: case, low["name"]: {**case, "steady_tokens_per_s": 480_000.0},
+                                    packed["name"]: {**case, "steady_tokens_per_s": 528_000.0}}})
     assert "Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run): **1.20×** tokens/s." in table
+    assert "Packed ÷ bucketed (compile off, low-precision LayerNorm, the same run): **1.10×** tokens/s." in table
     host = {"wall_ms": 175.0, "data_ms": 0.5, "issue_ms": 30.0, "kernel_ms": 144.0, "kernels_per_step": 880,
             "launch_ms": 6.0, "launches_per_step": 880, "host_ops_ms": 60.0, "syncs_per_step": 1.0, "top_host": [],
             "blocking": {}}
@@ -308,6 +315,8 @@ def test_the_compiled_mfu_measures_inductors_mix_order_reduction_off_against_on_
     ctx = Context("mfu_compiled", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
     default, off, *_ = mfu.cases(ctx, compiled=True)
     assert default["data"]() == off["data"]() and "inductor" not in default and off["name"] == mfu.MIX_ORDER_OFF
+    # compile mode default by name: the Hopper profiles record CUDA graphs, whose recordings would fill 30 steps
+    assert default["data"]()[-1] == "hardware.compile_mode=default"
     with inductor_config.patch(off["inductor"]):
         assert inductor_config.triton.mix_order_reduction is False
     assert inductor_config.triton.mix_order_reduction is True  # restored for whatever runs next in the process
