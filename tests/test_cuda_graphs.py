@@ -1,7 +1,8 @@
 """CUDA graphs with bucketed dynamic padding (issue 37): the decisions on described GPUs, the widths dynamic
 padding rounds to, and what a CUDA-graph step does differently (a step mark per forward, gradients in buffers of
-their own), all on CPU; hardware=auto picks the H200's own profile. The Hopper profiles run CUDA graphs (reduce-overhead over 8
-widths): 2.14x default mode at batch 64 on an H200 (2026-11-27, gpu/reports/2026-11-27-h200-run6); FSDP falls back."""
+their own), all on CPU; hardware=auto picks the H200's own profile. The Hopper profiles run CUDA graphs
+(reduce-overhead over 8 widths): 2.14x default mode at batch 64 on an H200 (2026-11-27,
+gpu/reports/2026-11-27-h200-run6); FSDP falls back."""
 
 from __future__ import annotations
 

@@ -52,13 +52,13 @@ EXPECTED_S = {
 }
 
 # A GPU machine is lent for 15 minutes in all: ~30 s to start it and send the tree, then call1 (8 minutes at most, the
-# carried wheels' install included), then call2 at once (the machine stays warm 30 s; 5 minutes at most). On
-# 2026-11-27 the loan had held 472.6 s after call 1 (440 s wall) and 698.3 s after call 2 (213 s wall): 202 s were
-# left on a warm machine, which call3 takes (no start needed, since the machine is warm); 329 s and 285 s on the
-# day's later loans (run 6: held 401.6 s after call 1, 369 s wall, and 614.6 s after call 2). A fixed limit holds its section's EXPECTED_S with room; None: what the budget has left when the
-# section starts. The hpo workers (a trial's start-up alone outlasted the 16 s each study had in call 2), the
-# ablation, the audit and BERT-large's MFU fit none of the calls: each needs a loan of its own (--sections hpo,
-# benchmarks/README.md).
+# carried wheels' install included), then call2 at once (the machine stays warm 30 s; 5 minutes at most). On 2026-11-27
+# the loan had held 472.6 s after call 1 (440 s wall) and 698.3 s after call 2 (213 s wall): 202 s were left on a warm
+# machine, which call3 takes (no start needed, since the machine is warm); 329 s and 285 s on the day's later loans (run
+# 6: held 401.6 s after call 1, 369 s wall, and 614.6 s after call 2). A fixed limit holds its section's EXPECTED_S with
+# room; None: what the budget has left when the section starts. The hpo workers (a trial's start-up alone outlasted the
+# 16 s each study had in call 2), the ablation, the audit and BERT-large's MFU fit none of the calls: each needs a loan
+# of its own (--sections hpo, benchmarks/README.md).
 PLANS = (
     Plan("call1", budget_s=450, limits={"environment": 30, "vs_trainer": 265, "mfu": 100, "packing": None},
          what="the headline: vs the Trainer on both mixes in both orders, MFU with compile off and a profile "
