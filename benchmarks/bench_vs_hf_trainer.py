@@ -91,6 +91,7 @@ def maxout_run(args, after=None) -> dict:
             "precision": result.setup.decision("precision").effective, "profile": cfg.hardware.name,
             "attention": result.setup.decision("attention").effective,
             "tf32": result.setup.decision("tf32").effective, "compile": result.setup.decision("compile").effective,
+            "compile_mode": result.setup.decision("compile_mode").effective,
             "after": after(result) if after is not None else None}
 
 

@@ -124,9 +124,9 @@ def run(ctx: Context) -> None:
                                    after=(lambda r: split(r.setup)) if mix == DEMO else None)
             if got["after"] is not None:
                 ctx.record("host", {**ctx.results.get("host", {}), f"{contender} ({order})": got["after"]})
-            precision, tf32, attention = got["precision"], got["tf32"], got["attention"]
-            ctx.record("maxout_decisions", {"precision": precision, "tf32": tf32, "attention": attention,
-                                            "compile": got["compile"], "profile": got["profile"]})
+            if contender == "maxout":  # the profile as it is (maxout_eager turns compile off)
+                ctx.record("maxout_decisions", {k: got[k] for k in ("precision", "tf32", "attention", "compile",
+                                                                    "compile_mode", "profile")})
         else:  # the Trainer takes the precision and TF32 maxout's device check chose (bf16 and TF32 on a GPU)
             decided = ctx.results.get("maxout_decisions", {"precision": "bf16", "tf32": cuda})
             got = bench.trainer_run(args, True, decided["precision"], "sdpa",
@@ -155,7 +155,7 @@ def markdown(results: dict) -> str:
     batch = next((r["batch"] for r in results.get("runs", [])), "?")
     lines = [f"Model: random {results.get('model', '?')}; batch {batch}, two epochs per run, the second timed; maxout "
              f"{d.get('profile', '?')} profile (precision {d.get('precision')}, TF32 {d.get('tf32')}, attention "
-             f"{d.get('attention')}, compile {d.get('compile')}).", "",
+             f"{d.get('attention')}, compile {d.get('compile')}, compile mode {d.get('compile_mode')}).", "",
              # NVML: the device's own utilization in the steady window (maxout only). In-step share: CUDA-event time
              # inside the steps over the window, both sides; a host launching slower than the device counts as busy
              # there, so it is an upper bound (0.98-1.00 on every run of 2026-11-27; NVML 33-41% on the demo mix)
