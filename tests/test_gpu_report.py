@@ -125,12 +125,13 @@ def test_the_calls_fit_the_15_minutes_a_gpu_machine_is_lent():
         assert plan.sections == sorted(plan.sections, key=order.index)  # registry order: how they run
         fixed = [v for v in plan.limits.values() if v is not None]
         assert sum(fixed) + gpu_report.RESERVE_S < plan.budget_s and list(plan.limits.values())[-1] is None
-    assert plans["call1"].sections == ["environment", "vs_trainer", "mfu", "packing"]  # the headline first, then P8
+    assert plans["call1"].sections == ["environment", "vs_trainer", "mfu"]  # the headline (P8: a loan of its own)
     assert plans["call2"].sections == ["gpu_tests", "batch_finder", "tracking"]  # hpo needs a loan of its own
     # call3 takes what the loan had left after calls 1 and 2 (the machine warm): held 614.6 s of 900 on 2026-11-27's
-    # third loan (570.1 s on its second; 698.3 s on its first, whose calls have since been cut to fit)
+    # third loan (570.1 s on its second; 698.3 s on its first, whose calls have since been cut to fit), when call 1
+    # still ran P8 (80 s then) and its vs_trainer had no CUDA graphs to compile (~40 s more since)
     assert plans["call3"].sections == ["mfu_compiled", "compile_modes"]
-    assert plans["call3"].budget_s + install_s <= 15 * 60 - 614.6 - 20
+    assert plans["call3"].budget_s + install_s <= 15 * 60 - (614.6 - 80 + 40 + 22) - 20
 
 
 def test_each_planned_section_has_the_seconds_the_h200_measured():
