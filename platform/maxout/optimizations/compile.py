@@ -35,17 +35,25 @@ def supported(device: Any) -> tuple[bool, str]:
     return True, ""
 
 
+def cuda_graphs_refused(device: Any, parallel: str = "none") -> str:
+    """Why CUDA graphs cannot run on this device and job, whatever the batches' shapes ("" when they can); pad_widths
+    asks it too, since its widths are only for CUDA graphs. ``parallel``: the data_parallel decision's value."""
+    if not device.is_cuda:
+        return "CUDA graphs need a CUDA device"
+    if parallel == "fsdp":  # FSDP's all-gathers allocate pinned host memory and run hooks a capture cannot hold
+        return "CUDA graphs cannot capture FSDP's all-gathers (pytorch/pytorch#127225); DDP can run them"
+    return ""
+
+
 def resolve_mode(requested: str, device: Any, padding: str, widths: Any = None, parallel: str = "none") -> Decision:
     """``padding``: data.padding; ``widths``: the pad_widths decision's effective value (None: none); ``parallel``:
     the data_parallel decision's effective value."""
     if requested not in CUDAGRAPH_MODES:
         return Decision("compile_mode", requested, requested)
     fallback = "default" if requested == "reduce-overhead" else "max-autotune-no-cudagraphs"
-    if not device.is_cuda:
-        return Decision("compile_mode", requested, fallback, "CUDA graphs need a CUDA device")
-    if parallel == "fsdp":  # FSDP's all-gathers allocate pinned host memory and run hooks a capture cannot hold
-        return Decision("compile_mode", requested, fallback, "CUDA graphs cannot capture FSDP's all-gathers "
-                                                             "(pytorch/pytorch#127225); DDP can run them")
+    refused = cuda_graphs_refused(device, parallel)
+    if refused:
+        return Decision("compile_mode", requested, fallback, refused)
     if padding == "packed":
         return Decision("compile_mode", requested, fallback, "CUDA graphs record one graph per shape, and packed "
                                                              "batches change length every step")

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 from . import CUDAGRAPH_MODES
 from .base import Decision
+from .compile import cuda_graphs_refused
 
 AUTO_WIDTHS = 8  # cudagraph trees warn past 8 recorded shapes per graph (inductor's cudagraph_dynamic_shape_warn_limit)
 
@@ -27,7 +28,7 @@ AUTO_WIDTHS = 8  # cudagraph trees warn past 8 recorded shapes per graph (induct
 def resolve(requested: Any, device: Any, compiled: bool, compile_mode: str, padding: str,
             parallel: str = "none") -> Decision:
     """``requested``: an int, ``auto`` or None (off); ``compiled``: the compile decision's effective value;
-    ``parallel``: the data_parallel decision's (FSDP runs no CUDA graphs: compile.resolve_mode)."""
+    ``parallel``: the data_parallel decision's (FSDP runs no CUDA graphs: compile.cuda_graphs_refused)."""
     if requested is None:
         return Decision("pad_widths", None, None)
     if padding != "dynamic":
@@ -36,7 +37,7 @@ def resolve(requested: Any, device: Any, compiled: bool, compile_mode: str, padd
         return Decision("pad_widths", requested, None, why)
     if requested != "auto":
         return Decision("pad_widths", requested, requested)
-    graphs = device.is_cuda and compiled and compile_mode in CUDAGRAPH_MODES and parallel != "fsdp"
+    graphs = compiled and compile_mode in CUDAGRAPH_MODES and not cuda_graphs_refused(device, parallel)
     if graphs:
         return Decision("pad_widths", "auto", AUTO_WIDTHS,
                         f"auto: CUDA graphs ({compile_mode}) record one graph per padded width: {AUTO_WIDTHS} widths")
