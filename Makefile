@@ -7,8 +7,6 @@ SHELL := /bin/bash
 # and has neither. A maxout process spends ~6 CPU-s importing torch, transformers and mlflow, and the suite starts
 # ~150 of them: a tiny `maxout train` took 8.65-9.08 CPU-s on Debian's against 9.15-11.43 on pyenv's (3 runs each,
 # interleaved, 2026-11-27). The CPU Docker image runs Debian's python3.11 too (docker/Dockerfile).
-# (Debian 12's is 3.11.2: pymdown-extensions 13 asks for >= 3.11.5, so the docs extra locks 12.3, whose highlight,
-# superfences and details the site uses as before.)
 PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11) python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
