@@ -2,12 +2,7 @@
 # Both create .venv and install into it: the pinned CPU/CUDA-agnostic torch first, so nothing pulls a second,
 # multi-GB torch build, then the project with its locked versions (constraints.txt).
 SHELL := /bin/bash
-# The venv's interpreter: Debian's python3.11 where there is one, else python3. Debian builds it as one static binary
-# (libpython linked in, with LTO and PGO); pyenv's default build, first on this machine's PATH, loads libpython3.11.so
-# and has neither. A maxout process spends ~6 CPU-s importing torch, transformers and mlflow, and the suite starts
-# ~150 of them: a tiny `maxout train` took 8.65-9.08 CPU-s on Debian's against 9.15-11.43 on pyenv's (3 runs each,
-# interleaved, 2026-11-27). The CPU Docker image runs Debian's python3.11 too (docker/Dockerfile).
-PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11) python3)
+PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
