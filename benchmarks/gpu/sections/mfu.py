@@ -31,11 +31,12 @@ MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)|\bmm
 ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|softmax.*mask|mha", re.I)
 
 
+FP32_LN = "BERT-base, seq <= 128, compile off"
 LOW_PRECISION_LN = "BERT-base, seq <= 128, compile off, low-precision LayerNorm"
 PACKED = "BERT-base, seq <= 128, compile off, low-precision LayerNorm, packed"
 MIX_ORDER_OFF = "BERT-base, seq <= 128, inductor's mix-order reduction off"
 # The ratios a table ends with: (a case, the case it is compared with, what the ratio says), both in one process
-RATIOS = ((LOW_PRECISION_LN, "BERT-base, seq <= 128, compile off",
+RATIOS = ((LOW_PRECISION_LN, FP32_LN,
            "Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run)"),
           (PACKED, LOW_PRECISION_LN, "Packed ÷ bucketed (compile off, low-precision LayerNorm, the same run)"),
           (MIX_ORDER_OFF, "BERT-base, seq <= 128", "Mix-order reduction off ÷ on (compiled, the same run)"))
@@ -90,18 +91,19 @@ def cases(ctx: Context, compiled: bool) -> list[dict]:
             # with LayerNorm in bf16 (low_precision_layernorm.py): its casts, fp32 adds and fp32 LayerNorm took 31% of
             # that run's kernel time
             # the Hopper profiles run LayerNorm in bf16 since that run: the first case asks for fp32 by name
-            eager = lambda: [*base(), "hardware.compile=false"]  # noqa: E731
-            return [dict(name="BERT-base, seq <= 128, compile off", arch="bert_base", batch=1024, steps=30, needs_s=40,
-                         data=lambda: [*eager(), "hardware.low_precision_layernorm=false"]),
-                    dict(name=LOW_PRECISION_LN, arch="bert_base", batch=1024, steps=30, needs_s=40,
-                         data=lambda: [*eager(), "hardware.low_precision_layernorm=true"]),
+            def compile_off(name: str, *flags: str) -> dict:
+                """BERT-base at micro-batch 1024 with compile off; the cases differ only by ``flags``."""
+                return dict(name=name, arch="bert_base", batch=1024, steps=30, needs_s=40,
+                            data=lambda: [*base(), "hardware.compile=false", *flags])
+
+            return [compile_off(FP32_LN, "hardware.low_precision_layernorm=false"),
+                    compile_off(LOW_PRECISION_LN, "hardware.low_precision_layernorm=true"),
                     # padding-free at the same tokens a step (the auto token budget: micro-batch x mean row length),
                     # through torch's varlen flash kernel: bucketed batches of 1024 rows were 85% real tokens
                     # (2026-11-27, run 6), and at this micro-batch the GPU, not the host, sets the pace, which P8's
                     # 256 rows did not show
-                    dict(name=PACKED, arch="bert_base", batch=1024, steps=30, needs_s=40,
-                         data=lambda: [*eager(), "hardware.low_precision_layernorm=true", "data.padding=packed",
-                                       "data.max_tokens_per_batch=auto"])]
+                    compile_off(PACKED, "hardware.low_precision_layernorm=true", "data.padding=packed",
+                                "data.max_tokens_per_batch=auto")]
         # compile: 65.9 s for BERT-base at micro-batch 1024 on 2026-11-26 (run 1), 110.3 s for two graphs on
         # 2026-11-27 (run 5: a partial last batch crossed shape padding's guard, off since), so ~55 s for one.
         # Then the same with inductor's mix-order reduction off: in run 5 its fused LayerNorm-backward kernels took
