@@ -54,7 +54,8 @@ class Browser:
         binary = shutil.which("chromium") or shutil.which("chromium-browser") or "chromium"
         self.proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
                                      close_fds=False, preexec_fn=fds,  # close_fds would close 3 and 4 after fds()
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, "TMPDIR": self.profile})  # its scratch goes with the profile
         os.close(to_chrome)
         os.close(from_chrome)
         self._buffer, self._next = b"", 0

@@ -110,17 +110,23 @@ def mlflow_server(backend_uri: str, artifacts_destination: Optional[str] = None,
     if artifacts_destination:
         cmd += ["--artifacts-destination", artifacts_destination]
     cmd += list(extra_args)
-    log = tempfile.NamedTemporaryFile(prefix="maxout-mlflow-server-", suffix=".log", delete=False)
+    # The server's output: in a temporary file, quoted when it does not come up, removed when it stops (the suite
+    # starts a few dozen servers per run, and each run left its logs in /tmp).
+    log = tempfile.NamedTemporaryFile(prefix="maxout-mlflow-server-", suffix=".log")
     # MLflow 3's server also starts a GenAI job runner (several huey worker processes): not needed here, and
     # heavy on a 2-core machine.
     server_env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health", timeout_s=90, proc=proc)
+        try:
+            wait_http(url + "/health", timeout_s=90, proc=proc)
+        except (RuntimeError, TimeoutError) as err:
+            raise type(err)(f"{err}; the server said:\n{Path(log.name).read_text(errors='replace')[-3000:]}") from None
         yield url
     finally:
         stop(proc)
+        log.close()
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:

@@ -9,6 +9,7 @@ a store that does not exist yet (a refused command creates nothing; commands tha
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import sqlite3
 import tempfile
@@ -24,6 +25,7 @@ def template() -> Path:
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
         folder = Path(tempfile.mkdtemp(prefix="maxout-store-template-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # one per process: not left in /tmp
         path = folder / "mlflow.db"
         store = SqlAlchemyStore(f"sqlite:///{path}", str(folder / "mlruns"))  # migrates, adds Default
         store.engine.dispose()

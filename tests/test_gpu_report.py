@@ -72,7 +72,8 @@ def test_a_runner_killed_mid_way_leaves_the_report_of_every_section_before(tmp_p
     out, pid_file = tmp_path / "report", tmp_path / "hung.pid"
     runner = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_report", "--out", str(out), "--sections",
                                "works,hangs", *FAKES], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "FAKE_PID_FILE": str(pid_file)})
+                              env={**os.environ, "FAKE_PID_FILE": str(pid_file),
+                                   "TMPDIR": str(tmp_path)})  # the runner's scratch, which a SIGKILL leaves
     try:
         for _ in range(600):  # until what the hanging section recorded is in the report, while it still runs
             if pid_file.exists() and entries(out)["hangs"].get("results", {}).get("first") or runner.poll() is not None:

@@ -19,6 +19,7 @@ folders over, then drops to that user, unless the owner is root (root's own stor
 from __future__ import annotations
 
 import pwd
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -44,9 +45,11 @@ def engine():
 
 @pytest.fixture
 def project(engine):
+    """A copy of the tree the test user owns, outside pytest's private temporary folder (see project_copy)."""
     folder = Path(tempfile.mkdtemp(prefix="maxout-clone-"))
     folder.chmod(0o755)
-    return docker_engine.project_copy(folder)
+    yield docker_engine.project_copy(folder)
+    shutil.rmtree(folder, ignore_errors=True)  # 14 MB a test
 
 
 def run(engine, project, *args, env=None, hardware="cpu"):
