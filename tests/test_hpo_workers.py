@@ -94,32 +94,13 @@ def gone(pid: int, timeout_s: float = 20) -> bool:
 
 
 @pytest.mark.slow
-def test_two_workers_finish_one_study_with_every_trial_nested_under_one_parent(mlflow_store, small_data):
-    proc = supervisor_process(mlflow_store, study_overrides(mlflow_store, small_data, epochs=2, trials=4))
-    assert proc.wait(300) == 0, log_of(mlflow_store)[-3000:]
-
-    trials = journal_study(mlflow_store).get_trials(deepcopy=False)
-    assert sum(t.state == TrialState.COMPLETE for t in trials) >= 4
-    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING, TrialState.FAIL)]
-    assert len({t.user_attrs["worker"] for t in trials}) == 2  # two processes shared the study
-    runs = runs_in(mlflow_store["uri"])
-    parents = [r for r in runs if r.data.tags.get("maxout.command") == "hpo"]
-    assert len(parents) == 1
-    parent = parents[0]
-    assert parent.info.status == "FINISHED" and parent.data.params["hpo.workers_effective"] == "2"
-    assert parent.data.tags["maxout.hpo.workers"] == "2" and parent.data.params["hpo.workers"] == "2"
-    children = [r for r in runs if r.data.tags.get("maxout.command") == "hpo-trial"]
-    assert sorted(int(r.data.tags["maxout.hpo.trial_number"]) for r in children) == sorted(t.number for t in trials)
-    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
-    assert {r.info.status for r in runs} == {"FINISHED"}
-    assert parent.data.metrics["hpo/trials_complete"] == len(trials)
-    places = "; ".join(slot.describe() for slot in placement.slots(2, hardware.detect()))
-    assert f"2 worker(s) (given): {places}" in log_of(mlflow_store)  # each its share of the cores
-    assert "[worker 0] maxout: trial" in log_of(mlflow_store) and "[worker 1] maxout: trial" in log_of(mlflow_store)
-
-
-@pytest.mark.slow
-def test_a_sigkilled_workers_trial_is_run_again_with_the_same_params(mlflow_store, small_data):
+def test_two_workers_share_one_study_under_one_parent_and_a_sigkilled_workers_trial_runs_again_with_its_params(
+        mlflow_store, small_data):
+    """One study, two worker processes, every trial nested under the supervisor's one parent run; one worker is
+    SIGKILLed mid-trial, its trial is failed and run again with the same params, and the study still finishes.
+    (Two tests until 2026-11-27, each a supervisor and two workers: a clean 4-trial study, and this one. The clean
+    study's assertions hold here for every trial but the killed one, whose run ends KILLED: one study asserts both,
+    ~30 CPU-s less.)"""
     proc = supervisor_process(mlflow_store, study_overrides(mlflow_store, small_data, epochs=12, trials=3))
     victim = running_trial(mlflow_store, proc)
     os.kill(pid_of(victim), signal.SIGKILL)  # mid-trial: its run is open and it is training
@@ -132,6 +113,9 @@ def test_a_sigkilled_workers_trial_is_run_again_with_the_same_params(mlflow_stor
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
     assert retries[0].params == victim.params  # the same trial again, not a new sample
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert [t.number for t in trials if t.state == TrialState.FAIL] == [victim.number]  # the others complete
+    assert sum(t.state == TrialState.COMPLETE for t in trials) >= 3
+    assert len({t.user_attrs["worker"] for t in trials}) >= 2  # two processes (and the killed one's successor)
     assert f"killed by SIGKILL: trial(s) {victim.number} re-queued" in log_of(mlflow_store)
 
     runs = runs_in(mlflow_store["uri"])
@@ -142,10 +126,17 @@ def test_a_sigkilled_workers_trial_is_run_again_with_the_same_params(mlflow_stor
     lost = children[victim.number]
     assert lost.info.status == "KILLED" and lost.data.tags["maxout.hpo.state"] == "FAIL"
     assert "killed by SIGKILL" in lost.data.tags["maxout.status_reason"]
+    assert {r.info.status for n, r in children.items() if n != victim.number} == {"FINISHED"}
     assert children[retries[0].number].data.tags["maxout.hpo.retry_of"] == str(victim.number)
-    parent = next(r for r in runs if r.data.tags.get("maxout.command") == "hpo")
+    (parent,) = [r for r in runs if r.data.tags.get("maxout.command") == "hpo"]
     assert parent.info.status == "FINISHED"  # the lost worker's parent is the live supervisor's: not ended
+    assert parent.data.params["hpo.workers_effective"] == "2"
+    assert parent.data.tags["maxout.hpo.workers"] == "2" and parent.data.params["hpo.workers"] == "2"
     assert {r.data.tags["mlflow.parentRunId"] for r in children.values()} == {parent.info.run_id}
+    assert parent.data.metrics["hpo/trials_complete"] == len(trials) - 1
+    places = "; ".join(slot.describe() for slot in placement.slots(2, hardware.detect()))
+    assert f"2 worker(s) (given): {places}" in log_of(mlflow_store)  # each its share of the cores
+    assert "[worker 0] maxout: trial" in log_of(mlflow_store) and "[worker 1] maxout: trial" in log_of(mlflow_store)
 
 
 @pytest.mark.slow
