@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -111,9 +112,14 @@ def predict_cli(server: str, frame: pd.DataFrame, tmp_path: Path, *extra: str) -
     return pd.read_csv(out, dtype={"label": str})
 
 
-def test_predict_on_a_new_csv_matches_the_champion_pyfunc(server, trained, tmp_path):
+def test_predict_on_a_new_csv_matches_the_champion_pyfunc(server, trained, tmp_path, monkeypatch):
     rows = fresh_rows(40, seed=7)  # has a label column too: extra columns are ignored
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where MLflow downloads a model it is not told where
     ours = predict_cli(server, rows, tmp_path, "--batch-size", "8")
+    assert list(scratch.iterdir()) == []  # the model's downloaded files went with the command
+    monkeypatch.undo()
     mlflow.set_tracking_uri(server)
     theirs = mlflow.pyfunc.load_model(CHAMPION_URI).predict(rows[["post", "criterion"]])
     assert list(ours.columns) == ["label", "prob_0", "prob_1"] and len(ours) == len(rows)

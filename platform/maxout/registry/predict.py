@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -33,8 +34,10 @@ def registered_ref(model_uri: str) -> Optional[tuple[str, str]]:
     return (match["name"], match["alias"] or match["version"]) if match else None
 
 
-def load(model_uri: str, tracking_uri: str) -> Predictor:
-    """The Predictor inside a logged or registered maxout model; one-line errors for unknown names/aliases."""
+def load(model_uri: str, tracking_uri: str, dst_path: Optional[str] = None) -> Predictor:
+    """The Predictor inside a logged or registered maxout model; one-line errors for unknown names/aliases.
+    ``dst_path``: an existing folder for the model's files (MLflow's default is a new temporary folder that nothing
+    removes)."""
     client = connect(tracking_uri)
     ref, logged = registered_ref(model_uri), LOGGED_MODEL_URI.match(model_uri)
     if ref:
@@ -43,7 +46,7 @@ def load(model_uri: str, tracking_uri: str) -> Predictor:
     elif logged:
         check_ready(client, logged[1], model_uri)  # never a model whose logging was cut off or failed
     try:
-        model = mlflow.pyfunc.load_model(model_uri)
+        model = mlflow.pyfunc.load_model(model_uri, dst_path=dst_path)
     except (MlflowException, OSError) as err:
         raise MaxoutError(f"cannot load model {model_uri!r}: {str(err).splitlines()[0][:300]}") from None
     predictor = getattr(model.unwrap_python_model(), "predictor", None)
@@ -92,13 +95,17 @@ def predict_file(model_uri: str, input_path: str, tracking_uri: str, output_path
     frame = read_input(input_path)  # a missing or unreadable file fails before the model loads
     if frame.empty:
         raise MaxoutError(f"--input {input_path} has no rows to predict")
-    predictor = load(model_uri, tracking_uri)
-    try:
-        out = predictor.predict(frame, batch_size=batch_size, progress=progress, on_missing=on_missing)
-    except MissingText as err:
-        raise MaxoutError(f"--input {input_path}: {err.advice('--on-missing={}')}") from None
-    except InputError as err:
-        raise MaxoutError(f"--input {input_path}: {err}") from None
+    # The model's files (weights, tokenizer, the pyfunc's code) are downloaded for this prediction only: MLflow's
+    # own temporary folder stays behind, a copy of the model in /tmp per command. Removed once the rows are
+    # predicted, not after loading: the pyfunc's code folder is on sys.path while it predicts.
+    with tempfile.TemporaryDirectory(prefix="maxout-predict-") as model_files:
+        predictor = load(model_uri, tracking_uri, dst_path=model_files)
+        try:
+            out = predictor.predict(frame, batch_size=batch_size, progress=progress, on_missing=on_missing)
+        except MissingText as err:
+            raise MaxoutError(f"--input {input_path}: {err.advice('--on-missing={}')}") from None
+        except InputError as err:
+            raise MaxoutError(f"--input {input_path}: {err}") from None
     without_text = out.attrs["rows_without_text"]
     if without_text:
         done = "not predicted (empty label)" if on_missing == "skip" else "predicted as empty text"
