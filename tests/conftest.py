@@ -222,6 +222,21 @@ def runs_in(uri: str):
     return client.search_runs(exps) if exps else []
 
 
+def load_pyfunc(uri: str):
+    """mlflow.pyfunc.load_model(uri) with its files in a folder removed when this process ends: without dst_path,
+    MLflow downloads a model into a new temporary folder that nothing removes (a model copy in /tmp per call). Not
+    removed sooner: the pyfunc's code folder stays on sys.path while the caller predicts."""
+    import atexit
+    import shutil
+    import tempfile
+
+    import mlflow
+
+    folder = tempfile.mkdtemp(prefix="maxout-test-model-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return mlflow.pyfunc.load_model(uri, dst_path=folder)
+
+
 @pytest.fixture(scope="session")
 def cpu_device():
     from maxout import hardware

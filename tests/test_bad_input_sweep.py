@@ -25,7 +25,7 @@ from maxout import cli
 from maxout.errors import MaxoutError
 from maxout.registry import promotion
 
-from .conftest import MLFLOW_VARS, ROOT, TINY, runs_in
+from .conftest import MLFLOW_VARS, ROOT, TINY, load_pyfunc, runs_in
 from .services import free_port
 from .store_template import new_store
 
@@ -455,7 +455,7 @@ def test_predict_reads_csv_digits_as_text_and_refuses_a_directory(model, tmp_pat
 
 def test_the_pyfunc_applies_the_same_policy(model):
     mlflow.set_tracking_uri(model["uri"])
-    pyfunc = mlflow.pyfunc.load_model(model["champion"])
+    pyfunc = load_pyfunc(model["champion"])
     frame = pd.DataFrame({"post": ["I cannot sleep.", None, ""], "criterion": ["Sleep", "Sleep", "Fatigue"]})
     with pytest.raises(MlflowException, match=r"2 input rows have no text to predict from \('post': 2 empty or "
                                               r"null; rows 2 and 3\); fix them, or use params \{\"on_missing\": "

@@ -28,6 +28,7 @@ import pandas as pd
 import pytest
 
 from . import docker_engine, hub_server, rootless_engine, services
+from .conftest import load_pyfunc
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,7 @@ def assert_trained_and_logged(run, tracking_uri: str, hardware: str = "cpu") -> 
     assert CORE_METRICS <= set(run.data.metrics), CORE_METRICS - set(run.data.metrics)
     assert tags["mlflow.project.env"] == "docker" and tags["mlflow.docker.image.uri"] == docker_engine.IMAGE
     mlflow.set_tracking_uri(tracking_uri)
-    predictions = mlflow.pyfunc.load_model(tags["maxout.model_uri"]).predict(EXAMPLE)
+    predictions = load_pyfunc(tags["maxout.model_uri"]).predict(EXAMPLE)
     assert list(predictions.columns) == ["label", "prob_0", "prob_1"] and len(predictions) == 2
     assert all(abs(p0 + p1 - 1) < 1e-4 for p0, p1 in zip(predictions["prob_0"], predictions["prob_1"]))
 

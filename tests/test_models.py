@@ -20,7 +20,7 @@ from maxout.optimizations import lora
 from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 
-from .conftest import TINY, runs_in
+from .conftest import TINY, load_pyfunc, runs_in
 
 ROWS = pd.DataFrame({"post": ["I lie awake every night and cannot fall asleep.", "We painted the fence on Sunday."],
                      "criterion": ["Sleep disturbance", "Fatigue or loss of energy"]})
@@ -53,7 +53,7 @@ def predicts(store: dict, run, tmp_path) -> pd.DataFrame:
     """The logged model through the pyfunc and through `maxout predict`: the same probabilities."""
     mlflow.set_tracking_uri(store["uri"])
     uri = run.data.tags["maxout.model_uri"]
-    out = mlflow.pyfunc.load_model(uri).predict(ROWS)
+    out = load_pyfunc(uri).predict(ROWS)
     assert list(out.columns) == ["label", "prob_0", "prob_1"] and len(out) == 2
     assert (out[["prob_0", "prob_1"]].sum(axis=1) - 1).abs().max() < 1e-5
     source, target = tmp_path / "in.csv", tmp_path / "out.csv"
@@ -68,7 +68,7 @@ def predicts(store: dict, run, tmp_path) -> pd.DataFrame:
 def logged_predictor(store: dict, run):
     """The Predictor inside the logged pyfunc (the transformers model, or it with maxout's pooling)."""
     mlflow.set_tracking_uri(store["uri"])
-    return mlflow.pyfunc.load_model(run.data.tags["maxout.model_uri"]).unwrap_python_model().predictor
+    return load_pyfunc(run.data.tags["maxout.model_uri"]).unwrap_python_model().predictor
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from maxout.errors import MaxoutError
 from maxout.train import Callback
 
 from . import services
-from .conftest import ROOT
+from .conftest import ROOT, load_pyfunc
 from .stack import create_bucket, platform, s3_process
 
 # The tiny random BERT on CPU: what every run here trains.
@@ -165,7 +165,7 @@ def test_train_logs_to_postgres_and_the_bucket_and_the_registry_pull_predicts(mo
     version = mlflow.register_model(model_uri, name)
     mlflow.MlflowClient().set_registered_model_alias(name, "champion", version.version)
     assert db.rows("SELECT run_id FROM model_versions WHERE name = :n", n=name) == [{"run_id": run_id}]
-    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    model = load_pyfunc(f"models:/{name}@champion")
     out = model.predict(EXAMPLE)
     assert list(out.columns) == ["label", "prob_0", "prob_1"] and len(out) == 2
     assert (out[["prob_0", "prob_1"]].sum(axis=1) - 1).abs().max() < 1e-5

@@ -22,7 +22,7 @@ from maxout import cli, loading, modeling
 from maxout.registry import promotion
 from maxout.serving import inference, pyfunc
 
-from .conftest import ROOT
+from .conftest import ROOT, load_pyfunc
 
 OLD_MODEL = ROOT / "tests" / "data" / "pickled_model"
 OLD_ROWS = ROOT / "tests" / "data" / "pickled_model_rows.csv"
@@ -87,7 +87,7 @@ def test_log_model_pickles_nothing_loads_nothing_and_the_model_predicts(mlflow_s
     assert (local / "code" / "maxout" / "serving" / "pyfunc.py").is_file()  # the package travels inside
     example = json.loads((local / "input_example.json").read_text())
     assert example["columns"] == ["post", "criterion"] and example["data"][0][0] == "An example text to classify."
-    out = mlflow.pyfunc.load_model(info.model_uri).predict(pd.read_csv(OLD_ROWS), params={"batch_size": 2})
+    out = load_pyfunc(info.model_uri).predict(pd.read_csv(OLD_ROWS), params={"batch_size": 2})
     assert loads and list(out.columns) == ["label", *PROBS] and len(out) == 3
     assert (out[PROBS].sum(axis=1) - 1).abs().max() < 1e-5
 

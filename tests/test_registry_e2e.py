@@ -20,7 +20,7 @@ import requests
 from maxout import cli
 from maxout.registry import client as registry_client
 
-from .conftest import MLFLOW_VARS, ROOT, TINY
+from .conftest import MLFLOW_VARS, ROOT, TINY, load_pyfunc
 from .services import free_port, mlflow_server, stop, wait_http
 from .test_registry import candidate, lock_leftovers
 from .test_registry_race import race
@@ -121,7 +121,7 @@ def test_predict_on_a_new_csv_matches_the_champion_pyfunc(server, trained, tmp_p
     assert list(scratch.iterdir()) == []  # the model's downloaded files went with the command
     monkeypatch.undo()
     mlflow.set_tracking_uri(server)
-    theirs = mlflow.pyfunc.load_model(CHAMPION_URI).predict(rows[["post", "criterion"]])
+    theirs = load_pyfunc(CHAMPION_URI).predict(rows[["post", "criterion"]])
     assert list(ours.columns) == ["label", "prob_0", "prob_1"] and len(ours) == len(rows)
     assert ours["label"].tolist() == theirs["label"].tolist()
     assert (ours[["prob_0", "prob_1"]] - theirs[["prob_0", "prob_1"]].to_numpy()).abs().max().max() < 1e-5

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,9 +57,10 @@ def logged_weights(uri: str, run) -> dict:
     from transformers import AutoModelForSequenceClassification
 
     mlflow.set_tracking_uri(uri)  # models:/ URIs resolve against the current tracking URI
-    local = Path(mlflow.artifacts.download_artifacts(run.data.tags["maxout.model_uri"]))
-    [weights] = local.rglob("model.safetensors")
-    return AutoModelForSequenceClassification.from_pretrained(weights.parent).state_dict()
+    with tempfile.TemporaryDirectory(prefix="maxout-test-weights-") as folder:  # MLflow's own would stay in /tmp
+        local = Path(mlflow.artifacts.download_artifacts(run.data.tags["maxout.model_uri"], dst_path=folder))
+        [weights] = local.rglob("model.safetensors")
+        return AutoModelForSequenceClassification.from_pretrained(weights.parent).state_dict()
 
 
 def test_sigkill_then_resume_auto_continues_the_same_run_to_the_same_weights(tmp_path, mlflow_store):

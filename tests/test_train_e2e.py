@@ -18,7 +18,7 @@ from maxout.optimizations import NAMES
 from maxout.paths import CPU_BF16_VAR
 from maxout.train import Callback
 
-from .conftest import ROOT, TINY, runs_in
+from .conftest import ROOT, TINY, load_pyfunc, runs_in
 
 CORE_METRICS = ["train/loss", "eval/loss", "eval/accuracy", "eval/macro_f1", "perf/it_per_s", "perf/samples_per_s",
                 "perf/tokens_per_s", "perf/padding_efficiency", "mem/peak_rss_gb", "time/compile_s",
@@ -64,7 +64,7 @@ def test_tiny_run_is_fully_tracked_and_its_model_predicts(mlflow_store):
     hw = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/hardware.json")
     assert hw["kind"] == "cpu" and hw["profile"] == "cpu"
     mlflow.set_tracking_uri(mlflow_store["uri"])
-    model = mlflow.pyfunc.load_model(run.data.tags["maxout.model_uri"])
+    model = load_pyfunc(run.data.tags["maxout.model_uri"])
     out = model.predict(pd.DataFrame({"post": ["I lie awake every night.", "We painted the fence."],
                                       "criterion": ["Sleep disturbance", "Fatigue"]}))
     assert list(out.columns) == ["label", "prob_0", "prob_1"] and len(out) == 2
@@ -160,7 +160,7 @@ def test_demo_project_with_minilm_learns_and_its_model_predicts_new_text(mlflow_
     rng = random.Random(99)
     fresh = pd.DataFrame([generate.make_example(rng) for _ in range(120)])
     mlflow.set_tracking_uri(mlflow_store["uri"])
-    model = mlflow.pyfunc.load_model(run.data.tags["maxout.model_uri"])
+    model = load_pyfunc(run.data.tags["maxout.model_uri"])
     predicted = model.predict(fresh[["post", "criterion"]])
     accuracy = (predicted["label"].astype(int) == fresh["label"]).mean()
     majority = max(fresh["label"].mean(), 1 - fresh["label"].mean())
