@@ -34,10 +34,10 @@ def registered_ref(model_uri: str) -> Optional[tuple[str, str]]:
     return (match["name"], match["alias"] or match["version"]) if match else None
 
 
-def load(model_uri: str, tracking_uri: str, dst_path: Optional[str] = None) -> Predictor:
+def load(model_uri: str, tracking_uri: str, dst_path: str) -> Predictor:
     """The Predictor inside a logged or registered maxout model; one-line errors for unknown names/aliases.
-    ``dst_path``: an existing folder for the model's files (MLflow's default is a new temporary folder that nothing
-    removes)."""
+    ``dst_path``: an existing folder for the model's files, which the caller removes (without one, MLflow makes a
+    new temporary folder that nothing removes)."""
     client = connect(tracking_uri)
     ref, logged = registered_ref(model_uri), LOGGED_MODEL_URI.match(model_uri)
     if ref:
