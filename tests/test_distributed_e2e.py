@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 import psutil
@@ -100,8 +101,8 @@ def torchrun(*args: str, nproc: int = 2) -> list[str]:
             "-m", "maxout", "train", *args, "--no-progress"]
 
 
-def run(command: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def run(command: list[str], timeout: float = 900, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def the_run(uri: str):
@@ -143,11 +144,15 @@ def test_torchrun_two_processes_one_finished_run_trained_like_one_process_with_t
 
 
 def test_fsdp_on_cpu_trains_like_ddp_and_logs_the_same_model(tmp_path, mlflow_store, micro_8_x_2):
-    """FSDP2's fully_shard over gloo (torch 2.13 runs it on CPU), started by maxout's own launcher."""
-    uri = mlflow_store["uri"]
+    """FSDP2's fully_shard over gloo (torch 2.13 runs it on CPU), started by maxout's own launcher. The job leaves
+    nothing in the temporary folder (torchrun's own default would leave a torchelastic_* folder per job)."""
+    uri, scratch = mlflow_store["uri"], tmp_path / "tmp"
+    scratch.mkdir()
     job = run([sys.executable, "-m", "maxout", "train", "--nproc-per-node", "2", "--no-progress",
-               *equivalence(tmp_path, "train.batch_size=4", "distributed.strategy=fsdp"), *mlflow_store["overrides"]])
+               *equivalence(tmp_path, "train.batch_size=4", "distributed.strategy=fsdp"), *mlflow_store["overrides"]],
+              env={**os.environ, "TMPDIR": str(scratch)})
     assert job.returncode == 0, job.stderr[-3000:]
+    assert list(scratch.iterdir()) == []
     run_ = the_run(uri)
     assert run_.info.status == "FINISHED" and run_.data.params["opt.data_parallel.effective"] == "fsdp"
     assert_trained_like(uri, run_, micro_8_x_2)  # the logged model: the full state dict gathered from the shards

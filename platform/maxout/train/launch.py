@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
@@ -29,9 +29,12 @@ from . import prepare
 from .distributed import RUN_FILE_ENV
 
 
-def torchrun_args(nproc: int, train_args: list[str]) -> list[str]:
-    """torchrun's own command line for one node of ``nproc`` processes running ``maxout train <train_args>``."""
-    return ["--standalone", f"--nproc-per-node={nproc}", "--module", "maxout", "train", *train_args]
+def torchrun_args(nproc: int, train_args: list[str], log_dir: Optional[str] = None) -> list[str]:
+    """torchrun's own command line for one node of ``nproc`` processes running ``maxout train <train_args>``.
+    ``log_dir``: where torchrun keeps its per-rank error files; without it torchrun makes a ``torchelastic_*``
+    folder in the temporary directory that nothing removes (one per job)."""
+    return ["--standalone", f"--nproc-per-node={nproc}", *([f"--log-dir={log_dir}"] if log_dir else []),
+            "--module", "maxout", "train", *train_args]
 
 
 def failure_reason(err: ChildFailedError) -> tuple[str, int]:
@@ -63,7 +66,7 @@ def launch(cfg: Config, nproc: int, train_args: list[str]) -> int:
         saved: Any = os.environ.get(RUN_FILE_ENV)
         os.environ[RUN_FILE_ENV] = str(run_file)  # the processes torchrun starts inherit it
         try:
-            run(get_args_parser().parse_args(torchrun_args(nproc, train_args)))
+            run(get_args_parser().parse_args(torchrun_args(nproc, train_args, log_dir=str(Path(tmp) / "torchrun"))))
         except ChildFailedError as err:
             reason, code = failure_reason(err)
             end_orphan_run(run_file, f"job failed: {reason}")
