@@ -191,3 +191,27 @@ def test_outside_a_project_the_missing_default_is_told_once_with_where_project_o
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.count("unknown data 'nli_demo'") == 1 and "problems" not in err, err
     assert f"no projects/<task>/conf under {tmp_path.resolve()}" in err and "set MAXOUT_ROOT" in err
+
+
+def test_the_stop_handlers_know_the_process_running_the_command_even_one_forked_after_the_import(tmp_path):
+    """SIGTERM/SIGINT in a forked DataLoader worker are left to the main process, told apart by pid: the pid of the
+    process whose command installed the handlers, not of the one that imported maxout (tests/job_race.py forks
+    its commands from one pre-imported process)."""
+    import contextlib
+    import io
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child runs a command, says what the handlers will take for the main process, and leaves
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = cli.main(["tracking", "url", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"])
+            os.write(write, f"{code} {cli._MAIN_PID == os.getpid()}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    said = os.read(read, 100).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert said == "0 True"

@@ -37,7 +37,8 @@ from maxout.registry import client as registry_client
 from maxout.tracking import spool
 from maxout.train import Callback, checkpointing, resume, train
 
-from .conftest import ROOT, runs_in
+from . import job_race
+from .conftest import runs_in
 from .store_template import new_store
 from .test_checkpointing import STEPS, CrashAt, history, small, small_data
 from .test_registry import lock_leftovers
@@ -59,12 +60,7 @@ def store_overrides(tmp_path) -> tuple[str, list[str]]:
 
 def start_together(tmp_path, wave: str, commands: list[list[str]]) -> list[tuple[int, str]]:
     """Each command in its own process (tests/job_race.py), all reaching the store at the same moment."""
-    ready = tmp_path / f"ready-{wave}"
-    ready.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.job_race", str(ready), str(len(commands)), *argv],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for argv in commands]
-    return [(proc.returncode, err) for proc in procs for _, err in [proc.communicate(timeout=900)]]
+    return job_race.start_together(tmp_path / f"race-{wave}", commands)
 
 
 @pytest.mark.slow

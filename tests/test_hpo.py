@@ -5,6 +5,7 @@ pruner chain; bad input fails before any run starts. Two hand-started workers on
 from __future__ import annotations
 
 import binascii
+import os
 
 import mlflow
 import pytest
@@ -80,7 +81,6 @@ class OutOfMemoryAt(Callback):
 
 def dashboard_shows(storage: str, study_name: str) -> bool:
     """`optuna-dashboard <storage>` (the command docs/tutorials/hpo.md gives) serves the study from the same storage."""
-    import os
     import subprocess
     import sys
 
@@ -123,7 +123,6 @@ class CtrlCAt(Callback):
 
     def on_step_end(self, state):
         if state.step == self.step and not self.sent:
-            import os
             import signal
 
             self.sent = True
@@ -332,7 +331,6 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
     is SIGKILLed mid-trial; worker B finds A's trial stale by its heartbeat, re-queues it with the same params,
     runs it, and ends the runs A left RUNNING as KILLED."""
     import collections
-    import os
     import signal
     import subprocess
     import sys
@@ -489,15 +487,12 @@ def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_s
     of one PostgreSQL study, started at the same moment (tests/job_race.py), nest every trial under ONE parent run:
     one creates it (under the study's advisory lock), the other joins it, and the last to leave ends it FINISHED
     with the study's summary. Before: each invocation had a parent run of its own."""
-    import os
-    import subprocess
-    import sys
 
     import optuna
 
     from maxout.hpo import shared_parent
 
-    from .conftest import ROOT
+    from . import job_race
     from .services import create_database, postgres
 
     with pytest.raises(ConfigError, match="hpo.parent=shared runs one worker per invocation"):
@@ -509,14 +504,11 @@ def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_s
                      f"tracking.artifact_location={(tmp_path / 'art').as_uri()}", "tracking.system_metrics=false",
                      f"hpo.storage={optuna_url}", "hpo.study_name=array", "hpo.n_trials=4", "hpo.pruner.name=none",
                      "hpo.log_models=none", "hpo.parent=shared"]
-        ready = tmp_path / "ready"
-        ready.mkdir()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, "-m", "tests.job_race", str(ready), "2", "hpo", *overrides,
-                                   "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-        logs = [proc.communicate(timeout=600)[0] for proc in procs]
-        assert [proc.returncode for proc in procs] == [0, 0], [log[-3000:] for log in logs]
+        done = job_race.start_together(tmp_path / "race", [["hpo", *overrides, "--no-progress"]] * 2, env=env,
+                                       timeout_s=600)
+        logs = [log for _, log in done]
+        assert [code for code, _ in done] == [0, 0], [log[-3000:] for log in logs]
         assert sorted("created its shared parent run" in log for log in logs) == [False, True], logs
 
         runs = runs_in(mlflow_url)
@@ -747,3 +739,20 @@ def test_a_worker_leaving_the_study_fails_and_requeues_a_dead_workers_trial_and_
         assert states[dead.number] == TrialState.FAIL and states[live.number] == TrialState.RUNNING
         (requeued,) = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         assert requeued.params == dead.params  # the same params, run by whoever starts the next trial
+
+
+def test_a_trials_worker_is_the_process_that_ran_it_even_one_forked_after_the_import():
+    """Read when asked, not at import: a process forked after the import (tests/job_race.py forks its commands from
+    one pre-imported process) names itself, not its parent."""
+    from maxout.hpo import objective
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child says its worker and leaves at once (no test machinery runs here)
+        os.write(write, objective.worker().encode())
+        os._exit(0)
+    os.close(write)
+    said = os.read(read, 1000).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert said == f"{objective.HOST}:{pid}" and objective.worker() == f"{objective.HOST}:{os.getpid()}"

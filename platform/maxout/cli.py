@@ -51,7 +51,7 @@ def split_overrides(positional: Sequence[str], overrides: Optional[str]) -> list
         raise ConfigError(f"--overrides {overrides!r} cannot be split ({err}); balance its quotes") from None
 
 
-_MAIN_PID = os.getpid()
+_MAIN_PID = os.getpid()  # the process whose _main installed the handlers below (set again there)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -607,6 +607,8 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse exits 2 with its own one-line usage error
     forget_stop_request()
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()  # not the importer's pid: a process forked after the import runs its own command
     signal.signal(signal.SIGTERM, _on_sigterm)
     previous_sigint = signal.signal(signal.SIGINT, _on_sigint)
     func: Callable[[argparse.Namespace], int] = args.func

@@ -47,7 +47,12 @@ from ..train.warm import WarmStart
 from . import search_space
 
 HOST = socket.gethostname()
-WORKER = f"{HOST}:{os.getpid()}"  # a trial's `worker` user attr: which process ran it
+
+
+def worker() -> str:
+    """A trial's ``worker`` user attr: which process ran it. Read when asked, not at import: a process forked after
+    the import (multiprocessing's fork, a pre-imported parent) has a pid of its own."""
+    return f"{HOST}:{os.getpid()}"
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -181,7 +186,7 @@ class Objective:
         reporter = TrialReporter(trial, self.hpo.metric, child, report=self.folds is None)
         state, status, reason, fail_in_storage, diverged = "FAIL", "FAILED", "", False, False
         try:
-            trial.set_user_attr("worker", WORKER)
+            trial.set_user_attr("worker", worker())
             if child.run_id:
                 trial.set_user_attr("mlflow_run_id", child.run_id)
                 trial.set_user_attr("mlflow_parent_run_id", self.parent_run_id)

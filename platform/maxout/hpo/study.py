@@ -40,7 +40,7 @@ from ..train.evaluate import evaluation_steps
 from ..train.setup import planned_steps
 from . import auto_workers, placement, report, search_space, shared_parent, storage as storage_mod, supervisor
 from .folds import kfold
-from .objective import WORKER, Objective
+from .objective import Objective, worker
 from .report import BestTrial
 
 # Attributes that define what a study's values mean: a worker that disagrees must not join it.
@@ -276,7 +276,7 @@ def run(overrides: Sequence[str], callbacks: Sequence[Callback] = (), device: Op
     def new_parent(workers: int, detached: bool = False) -> Tracker:
         return start(cfg.tracking, run_name=f"hpo-{hpo.study_name}", system_metrics=False, detached=detached,
                      tags={"maxout.command": "hpo", "maxout.hpo.study": hpo.study_name,
-                           "maxout.hpo.storage": where, "maxout.hpo.worker": WORKER, "maxout.hpo.workers": workers,
+                           "maxout.hpo.storage": where, "maxout.hpo.worker": worker(), "maxout.hpo.workers": workers,
                            "maxout.model": cfg.model.name, "maxout.data": cfg.data.name})
 
     def describe(parent: Tracker, workers: int, reason: str) -> None:
