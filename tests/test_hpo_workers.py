@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,7 +117,9 @@ def test_two_workers_share_one_study_under_one_parent_and_a_sigkilled_workers_tr
     assert [t.number for t in trials if t.state == TrialState.FAIL] == [victim.number]  # the others complete
     assert sum(t.state == TrialState.COMPLETE for t in trials) >= 3
     assert len({t.user_attrs["worker"] for t in trials}) >= 2  # two processes (and the killed one's successor)
-    assert f"killed by SIGKILL: trial(s) {victim.number} re-queued" in log_of(mlflow_store)
+    killed = re.search(rf"maxout: worker ([01]) \(pid {pid_of(victim)}\) killed by SIGKILL: trial\(s\) "
+                       rf"{victim.number} re-queued", log_of(mlflow_store))
+    assert killed, log_of(mlflow_store)[-3000:]
 
     runs = runs_in(mlflow_store["uri"])
     assert not [r for r in runs if r.info.status == "RUNNING"]
@@ -136,7 +139,12 @@ def test_two_workers_share_one_study_under_one_parent_and_a_sigkilled_workers_tr
     assert parent.data.metrics["hpo/trials_complete"] == len(trials) - 1
     places = "; ".join(slot.describe() for slot in placement.slots(2, hardware.detect()))
     assert f"2 worker(s) (given): {places}" in log_of(mlflow_store)  # each its share of the cores
-    assert "[worker 0] maxout: trial" in log_of(mlflow_store) and "[worker 1] maxout: trial" in log_of(mlflow_store)
+    # Each worker's lines carry its slot: every trial line of the log, and the other slot's worker finished trials.
+    # (Not the killed slot's: its new worker may find no trial left, as the one other worker took them: R8 of
+    # 2026-11-27 failed on that.)
+    trial_lines = re.findall(r"^(.*)maxout: trial \d", log_of(mlflow_store), flags=re.MULTILINE)
+    assert trial_lines and set(trial_lines) <= {"[worker 0] ", "[worker 1] "}, log_of(mlflow_store)[-3000:]
+    assert f"[worker {1 - int(killed.group(1))}] " in trial_lines
 
 
 @pytest.mark.slow
