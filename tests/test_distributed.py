@@ -312,10 +312,9 @@ def test_the_launcher_is_torchrun_for_one_node_and_names_the_rank_that_failed(tm
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
     from maxout.train import launch
 
-    assert launch.torchrun_args(4, ["model=tiny", "--no-progress"]) == [
-        "--standalone", "--nproc-per-node=4", "--module", "maxout", "train", "model=tiny", "--no-progress"]
-    assert launch.torchrun_args(2, ["model=tiny"], log_dir="/x/torchrun")[:3] == [
-        "--standalone", "--nproc-per-node=2", "--log-dir=/x/torchrun"]
+    assert launch.torchrun_args(4, ["model=tiny", "--no-progress"], log_dir="/x/torchrun") == [
+        "--standalone", "--nproc-per-node=4", "--log-dir=/x/torchrun", "--module", "maxout", "train", "model=tiny",
+        "--no-progress"]
     killed = ChildFailedError("maxout", {1: ProcessFailure(local_rank=1, pid=4242, exitcode=-9, error_file="<N/A>")})
     reason, code = launch.failure_reason(killed)
     assert reason.startswith("rank 1 (local rank 1, pid 4242) failed first: killed by SIGKILL") and code == 1

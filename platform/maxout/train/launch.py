@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
@@ -29,12 +29,12 @@ from . import prepare
 from .distributed import RUN_FILE_ENV
 
 
-def torchrun_args(nproc: int, train_args: list[str], log_dir: Optional[str] = None) -> list[str]:
+def torchrun_args(nproc: int, train_args: list[str], log_dir: str) -> list[str]:
     """torchrun's own command line for one node of ``nproc`` processes running ``maxout train <train_args>``.
-    ``log_dir``: where torchrun keeps its per-rank error files; without it torchrun makes a ``torchelastic_*``
-    folder in the temporary directory that nothing removes (one per job)."""
-    return ["--standalone", f"--nproc-per-node={nproc}", *([f"--log-dir={log_dir}"] if log_dir else []),
-            "--module", "maxout", "train", *train_args]
+    ``log_dir``: where torchrun keeps its per-rank error files, a folder the caller removes (without one, torchrun
+    makes a ``torchelastic_*`` folder in the temporary directory that nothing removes, one per job)."""
+    return ["--standalone", f"--nproc-per-node={nproc}", f"--log-dir={log_dir}", "--module", "maxout", "train",
+            *train_args]
 
 
 def failure_reason(err: ChildFailedError) -> tuple[str, int]:
