@@ -119,8 +119,9 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 # Latencies (the job tests wait on them): the main scheduling loop runs every second (sched_interval=1; an empty
 # queue of two nodes costs nothing) and a submitted batch job is not held back (batch_sched_delay=0), so a job starts
-# within about a second. KillWait stays 30 s: the script's trap (`maxout tracking end-slurm-job`, a Python start-up
-# of some 10-15 s on a loaded machine) must finish before slurmd SIGKILLs it. Note slurmd 22.05 checks a signalled
+# within about a second. KillWait is 60 s: the script's trap (`maxout tracking end-slurm-job`, a Python start-up
+# of some 10-15 s on a loaded machine, more under a load average of 5-10) must finish before slurmd SIGKILLs it; a
+# job whose processes end at once is not held by it. Note slurmd 22.05 checks a signalled
 # job's end every second for 10 s, then only every 10 s: a job that takes 11-20 s to end after scancel or requeue
 # is seen at 21 s (CANCELLED or PENDING comes then), a Slurm latency that no setting here shortens.
 SLURM_CONF = """\
@@ -148,7 +149,7 @@ SchedulerParameters=sched_interval=1,batch_sched_delay=0
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
-KillWait=30
+KillWait=60
 UnkillableStepTimeout=30
 MinJobAge=600
 SlurmctldTimeout=30

@@ -349,7 +349,9 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
                      f"tracking.uri={mlflow_url}", f"tracking.artifact_location={(tmp_path / 'art').as_uri()}",
                      "tracking.system_metrics=false", f"hpo.storage={optuna_url}", "hpo.study_name=shared",
                      "hpo.n_trials=6", "hpo.pruner.name=none", "hpo.log_models=none",
-                     "hpo.heartbeat_interval_s=1", "hpo.grace_period_s=3"]
+                     # a grace of 10 beats: a live worker's beat (a PostgreSQL commit) held up for seconds on a
+                     # loaded machine must not read as a dead worker's
+                     "hpo.heartbeat_interval_s=1", "hpo.grace_period_s=10"]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two workers on two cores
 
         def worker(name):
@@ -509,7 +511,8 @@ def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_s
                                        timeout_s=600)
         logs = [log for _, log in done]
         assert [code for code, _ in done] == [0, 0], [log[-3000:] for log in logs]
-        assert sorted("created its shared parent run" in log for log in logs) == [False, True], logs
+        said = [[verb for verb in ("created", "joined") if f"{verb} its shared parent run" in log] for log in logs]
+        assert sorted(said) == [["created"], ["joined"]], logs
 
         runs = runs_in(mlflow_url)
         (parent,) = [r for r in runs if r.data.tags.get("maxout.command") == "hpo"]
@@ -519,7 +522,11 @@ def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_s
         assert {r.info.status for r in runs} == {"FINISHED"}
         study = optuna.load_study(study_name="array", storage=optuna_url)
         assert study._storage.get_study_system_attrs(study._study_id)[shared_parent.PARENT_ATTR] == parent.info.run_id
-        assert len({t.user_attrs["worker"] for t in study.trials}) == 2  # both processes ran trials
+        # Every trial ran in one of the two processes, each printing its own. Not both need run one: the one that
+        # waited on the study's lock for the parent run may find all four taken on a loaded machine
+        assert 1 <= len({t.user_attrs["worker"] for t in study.trials}) <= 2
+        done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+        assert sum(log.count(" COMPLETE after ") for log in logs) == done >= 4, logs
         assert sum("ends the shared parent run" in log for log in logs) <= 1  # the first to leave left it
 
 
@@ -714,10 +721,11 @@ def test_a_worker_leaving_the_study_fails_and_requeues_a_dead_workers_trial_and_
 
     from .services import create_database, postgres
 
-    hpo = HpoConfig(heartbeat_interval_s=1, grace_period_s=2)
+    # The live worker beats every 0.5 s; a grace of 5 s leaves its beats (PostgreSQL commits) seconds of slack
+    hpo = HpoConfig(heartbeat_interval_s=1, grace_period_s=5)
     with postgres() as server:
         url = create_database(server, "optuna")
-        storage = storage_mod.open_storage(HpoConfig(storage=url, heartbeat_interval_s=1, grace_period_s=2),
+        storage = storage_mod.open_storage(HpoConfig(storage=url, heartbeat_interval_s=1, grace_period_s=5),
                                            TrackingConfig(name="none", backend="none"))
         study = optuna.create_study(study_name="settle", storage=storage)
         dead, live = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), study.ask()

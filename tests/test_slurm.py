@@ -80,10 +80,10 @@ def test_training_job_runs_one_agent_per_node_and_a_requeued_job_resumes_its_run
     # first checkpoint, long before the last step, and the second start trains the rest
     job, script = tiny_job(tmp_path, mlflow_store, "mx-train", epochs=4)
     job_id = cluster.sbatch(script, f"--chdir={ROOT}", env=JOB_ENV)
-    wait_for(lambda: checkpoints(tmp_path), 120, f"no checkpoint\n{cluster.logs()}")
+    wait_for(lambda: checkpoints(tmp_path), 300, f"no checkpoint\n{cluster.logs()}")
     cluster.run("scontrol", "requeue", job_id)
     # Slurm holds a requeued job back (Reason=BeginTime, about two minutes here): let it start at once
-    assert cluster.wait(job_id, 60, states=("PENDING",)) == "PENDING"
+    assert cluster.wait(job_id, 150, states=("PENDING",)) == "PENDING"
     cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
     assert cluster.wait(job_id, 240) == "COMPLETED", output(tmp_path, "mx-train", job_id)[-3000:]
     text = output(tmp_path, "mx-train", job_id)
@@ -106,16 +106,16 @@ def test_training_job_runs_one_agent_per_node_and_a_requeued_job_resumes_its_run
 def test_scancel_ends_the_run_and_leaves_no_process_on_either_node(cluster, tmp_path, mlflow_store):
     job, script = tiny_job(tmp_path, mlflow_store, "mx-cancel", epochs=50)
     job_id = cluster.sbatch(script, f"--chdir={ROOT}", env=JOB_ENV)
-    wait_for(lambda: checkpoints(tmp_path), 120, f"no checkpoint\n{cluster.logs()}")
+    wait_for(lambda: checkpoints(tmp_path), 300, f"no checkpoint\n{cluster.logs()}")
     (running,) = runs_in(mlflow_store["uri"])
     assert running.info.status == "RUNNING"
     cluster.run("scancel", job_id)
-    assert cluster.wait(job_id, 60) == "CANCELLED"
+    assert cluster.wait(job_id, 150) == "CANCELLED"
 
     def only_slurmd() -> bool:
         return all(cluster.processes_in(node) == [pid] for node, pid in cluster.slurmd_pids.items())
 
-    wait_for(only_slurmd, 30, "processes left: " + repr({n: cluster.processes_in(n) for n in cluster.node_addrs}))
+    wait_for(only_slurmd, 60, "processes left: " + repr({n: cluster.processes_in(n) for n in cluster.node_addrs}))
     (run,) = runs_in(mlflow_store["uri"])
     # KILLED, by rank 0 or by the script's trap; or FAILED when srun's SIGKILL took rank 1 before it told rank 0
     # its outcome: rank 0, stopping too, then ends the run naming rank 1 as lost (train/distributed.py)
@@ -164,10 +164,18 @@ def test_an_hpo_job_array_on_one_postgresql_study_nests_every_trial_under_one_pa
         study = optuna.load_study(study_name="array", storage=optuna_url)
         (parent,) = [r for r in runs_in(mlflow_store["uri"]) if r.data.tags.get("maxout.command") == "hpo"]
         assert study._storage.get_study_system_attrs(study._study_id)[shared_parent.PARENT_ATTR] == parent.info.run_id
-        assert len({t.user_attrs["worker"] for t in study.trials}) == 2  # each task ran trials
+        # Every trial ran in one of the two tasks, each printing its own: a task that starts seconds after the
+        # other (its Python start-up on a loaded node) may find all four trials taken, so not every task need run one
+        workers = {t.user_attrs["worker"] for t in study.trials}
+        assert 1 <= len(workers) <= 2, workers
+        done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+        assert sum(out.count(" COMPLETE after ") for out in outputs.values()) == done >= 4, outputs
     nodes = {task: next(word for word in out.split() if word in ("n1", "n2")) for task, out in outputs.items()}
     assert sorted(nodes.values()) == ["n1", "n2"], outputs  # one worker on each node
-    assert sorted("created its shared parent run" in out for out in outputs.values()) == [False, True]
+    # one task created the study's parent run, the other joined that very run
+    said = [[verb for verb in ("created", "joined") if f"{verb} its shared parent run {parent.info.run_id}" in out]
+            for out in outputs.values()]
+    assert sorted(said) == [["created"], ["joined"]], outputs
     assert parent.info.status == "FINISHED" and parent.data.metrics["hpo/trials_complete"] >= 4
     runs = runs_in(mlflow_store["uri"])
     trials = [r for r in runs if "maxout.hpo.trial_number" in r.data.tags]
