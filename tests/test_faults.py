@@ -298,7 +298,10 @@ def test_a_run_resumed_after_its_last_step_keeps_its_real_figures(tmp_path, mlfl
 
     got = final_figures(mlflow_store["uri"], run.info.run_id)
     assert got["train/samples"] == 64 and got["train/optimizer_steps"] == STEPS
-    assert got["perf/samples_per_s"] == pytest.approx(64 / saved["meter"]["elapsed"], rel=0.05)  # not 0
+    # The rate is the first segment's (not 0): the resumed one, with no step to train, adds next to nothing to the
+    # window (microseconds; 0.5 s bounds it on a loaded machine, where a rate held within 5% would fail on a stall
+    # of ~50 ms)
+    assert 0 <= got["time/train_window_s"] - saved["meter"]["elapsed"] < 0.5
     assert got["perf/samples_per_s"] * got["time/train_window_s"] == pytest.approx(64, rel=1e-9)
     assert got["time/wall_s"] >= saved["wall_s"] > 0.1  # not the 0.001 s of a segment with nothing to train
     assert got["time/first_step_s"] > 0 and got["eval/accuracy"] == run.data.metrics["eval/accuracy"]
