@@ -120,7 +120,7 @@ def mlflow_server(backend_uri: str, artifacts_destination: Optional[str] = None,
     url = f"http://127.0.0.1:{port}"
     try:
         try:
-            wait_http(url + "/health", timeout_s=90, proc=proc)
+            wait_http(url + "/health", timeout_s=180, proc=proc)  # ~5-8 CPU-s to start: minutes under load
         except (RuntimeError, TimeoutError) as err:
             raise type(err)(f"{err}; the server said:\n{Path(log.name).read_text(errors='replace')[-3000:]}") from None
         yield url

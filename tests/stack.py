@@ -220,7 +220,7 @@ def s3_process() -> Iterator[tuple[str, subprocess.Popen]]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        services.wait_http(url, timeout_s=60, proc=proc)
+        services.wait_http(url, timeout_s=180, proc=proc)  # the same bound as the stack's other servers
         yield url, proc
     finally:
         services.stop(proc, timeout_s=5)
