@@ -60,6 +60,19 @@ SCROLL_TO = """(async () => {
 })()"""
 
 
+def eventually(check, timeout_s: float = 60):
+    """``check()``'s value once it passes: the UI renders in steps (the first rows, then the rest, then the cells a
+    scroll brings into view), later on a loaded machine; a wait on what the test reads, not on a fixed sleep."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return check()
+        except (AssertionError, ValueError, KeyError, StopIteration):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 class Page:
     """One Chromium tab on the MLflow UI."""
 
@@ -152,35 +165,52 @@ def test_the_mlflow_ui_shows_datasets_scored_models_and_no_lock_model(tmp_path, 
             # column per metric and param, rendered as they scroll into view): a wide window shows them all.
             page.open(f"/#/experiments/{experiment}/models?workflowType=machine_learning", model.name,
                       width=9000)
-            table = models_table(page)
-            assert model.name == run.info.run_name and model.name in table, (model.name, list(table))
-            row = table[model.name]
-            for key in ("eval/macro_f1", "eval/accuracy", "eval/loss"):
-                assert float(row[key]) == pytest.approx(run.data.metrics[key], rel=1e-9), (key, row)
+            def every_model_scored() -> dict:
+                table = models_table(page)
+                assert model.name == run.info.run_name and model.name in table, (model.name, list(table))
+                row = table[model.name]
+                for key in ("eval/macro_f1", "eval/accuracy", "eval/loss"):
+                    assert float(row[key]) == pytest.approx(run.data.metrics[key], rel=1e-9), (key, row)
+                assert sorted(table) == sorted(m.name for m in logged)
+                return row
+
+            row = eventually(every_model_scored)
             validation = next(i.dataset for i in run.inputs.dataset_inputs if i.tags[0].value == "validation")
             assert row["Dataset"].startswith(f"{validation.name} (#{validation.digest})"), row  # what they scored on
-            assert sorted(table) == sorted(m.name for m in logged)
             page.open(f"/#/experiments/{experiment}/models?workflowType=machine_learning", model.name,
                       width=2700, height=420)
-            assert page.value(SCROLL_TO.replace("COLUMN", json.dumps("eval/loss")))  # the eval/* columns in view
+            def scrolled_to_the_scores() -> bool:  # a scan that outran the grid's rendering is tried again
+                assert page.value(SCROLL_TO.replace("COLUMN", json.dumps("eval/loss")))  # the eval/* columns
+                return True
+
+            eventually(scrolled_to_the_scores)
             page.shot("models_tab.png")
 
             # (b) The champion's run page: its three datasets, each with its role ("+2" unfolds the other two).
             page.open(f"/#/experiments/{experiment}/runs/{run.info.run_id}?workflowType=machine_learning",
                       "Datasets", height=900)
             assert page.click("+2"), page.text()[:2000]
-            shown = page.text()
-            for given in run.inputs.dataset_inputs:
-                role = given.tags[0].value
-                assert f"{given.dataset.name} ({given.dataset.digest})\n{role.capitalize()}" in shown, (role, shown)
+
+            def every_dataset_with_its_role() -> None:
+                shown = page.text()
+                for given in run.inputs.dataset_inputs:
+                    role = given.tags[0].value
+                    assert f"{given.dataset.name} ({given.dataset.digest})\n{role.capitalize()}" in shown, (role,
+                                                                                                           shown)
+
+            eventually(every_dataset_with_its_role)
             assert {i.tags[0].value for i in run.inputs.dataset_inputs} == {"training", "validation", "test"}
             page.shot("run_datasets.png")
 
             # (c) The registry's model list: the registered model, and nothing else of maxout's making.
             page.open("/#/models", REGISTERED, height=500)
             page.shot("registry.png")
-            names = [r[0] for r in page.grid() if r and r[0] not in ("Name", "")]
-            assert REGISTERED in names, names
+            def registered_names() -> list:
+                names = [r[0] for r in page.grid() if r and r[0] not in ("Name", "")]
+                assert REGISTERED in names, names
+                return names
+
+            names = eventually(registered_names)
             assert not [n for n in names if n.endswith(".lock")], names
         finally:
             browser.close()
