@@ -222,6 +222,22 @@ def runs_in(uri: str):
     return client.search_runs(exps) if exps else []
 
 
+def two_invocations_shared_one_study(study, logs: list, parent_id: str) -> None:
+    """What is certain when two ``maxout hpo`` invocations (hpo.parent=shared) run one study: every trial ran in one
+    of them, the trial lines they printed add up to its COMPLETE trials, and one created the parent run that the
+    other joined. Not that each ran a trial: the one that starts seconds later (its Python start-up, or the study's
+    lock for the parent run, on a loaded machine) may find every trial taken."""
+    from optuna.trial import TrialState
+
+    workers = {t.user_attrs["worker"] for t in study.trials}
+    assert 1 <= len(workers) <= 2, workers
+    done = sum(t.state == TrialState.COMPLETE for t in study.trials)
+    assert sum(log.count(" COMPLETE after ") for log in logs) == done >= 4, logs
+    said = [[verb for verb in ("created", "joined") if f"{verb} its shared parent run {parent_id}" in log]
+            for log in logs]
+    assert sorted(said) == [["created"], ["joined"]], logs
+
+
 def load_pyfunc(uri: str):
     """mlflow.pyfunc.load_model(uri) with its files in a folder removed when this process ends: without dst_path,
     MLflow downloads a model into a new temporary folder that nothing removes (a model copy in /tmp per call). Not

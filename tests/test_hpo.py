@@ -16,7 +16,7 @@ from maxout.errors import ConfigError
 from maxout.hpo import study as hpo_study
 from maxout.train import Callback
 
-from .conftest import runs_in
+from .conftest import runs_in, two_invocations_shared_one_study
 from .services import free_port
 
 # 48 training / 32 validation rows of the demo task: 3 optimizer steps per epoch at batch 16.
@@ -511,8 +511,6 @@ def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_s
                                        timeout_s=600)
         logs = [log for _, log in done]
         assert [code for code, _ in done] == [0, 0], [log[-3000:] for log in logs]
-        said = [[verb for verb in ("created", "joined") if f"{verb} its shared parent run" in log] for log in logs]
-        assert sorted(said) == [["created"], ["joined"]], logs
 
         runs = runs_in(mlflow_url)
         (parent,) = [r for r in runs if r.data.tags.get("maxout.command") == "hpo"]
@@ -522,11 +520,7 @@ def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_s
         assert {r.info.status for r in runs} == {"FINISHED"}
         study = optuna.load_study(study_name="array", storage=optuna_url)
         assert study._storage.get_study_system_attrs(study._study_id)[shared_parent.PARENT_ATTR] == parent.info.run_id
-        # Every trial ran in one of the two processes, each printing its own. Not both need run one: the one that
-        # waited on the study's lock for the parent run may find all four taken on a loaded machine
-        assert 1 <= len({t.user_attrs["worker"] for t in study.trials}) <= 2
-        done = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-        assert sum(log.count(" COMPLETE after ") for log in logs) == done >= 4, logs
+        two_invocations_shared_one_study(study, logs, parent.info.run_id)
         assert sum("ends the shared parent run" in log for log in logs) <= 1  # the first to leave left it
 
 

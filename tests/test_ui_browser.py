@@ -165,6 +165,7 @@ def test_the_mlflow_ui_shows_datasets_scored_models_and_no_lock_model(tmp_path, 
             # column per metric and param, rendered as they scroll into view): a wide window shows them all.
             page.open(f"/#/experiments/{experiment}/models?workflowType=machine_learning", model.name,
                       width=9000)
+
             def every_model_scored() -> dict:
                 table = models_table(page)
                 assert model.name == run.info.run_name and model.name in table, (model.name, list(table))
@@ -179,6 +180,7 @@ def test_the_mlflow_ui_shows_datasets_scored_models_and_no_lock_model(tmp_path, 
             assert row["Dataset"].startswith(f"{validation.name} (#{validation.digest})"), row  # what they scored on
             page.open(f"/#/experiments/{experiment}/models?workflowType=machine_learning", model.name,
                       width=2700, height=420)
+
             def scrolled_to_the_scores() -> bool:  # a scan that outran the grid's rendering is tried again
                 assert page.value(SCROLL_TO.replace("COLUMN", json.dumps("eval/loss")))  # the eval/* columns
                 return True
@@ -205,6 +207,7 @@ def test_the_mlflow_ui_shows_datasets_scored_models_and_no_lock_model(tmp_path, 
             # (c) The registry's model list: the registered model, and nothing else of maxout's making.
             page.open("/#/models", REGISTERED, height=500)
             page.shot("registry.png")
+
             def registered_names() -> list:
                 names = [r[0] for r in page.grid() if r and r[0] not in ("Name", "")]
                 assert REGISTERED in names, names
