@@ -15,7 +15,7 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from .benchmark import plot
+from .charts import plot  # not benchmark.py: that imports the training stack
 
 STATUS_STYLE = {"measured": "green", "in use": "dim", "cannot use": "red", "skipped": "dim", "not reached": "yellow",
                 "failed": "red"}

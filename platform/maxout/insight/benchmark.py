@@ -44,6 +44,7 @@ from ..train.batch_finder import StepProbe
 from ..train.oom import free_cached
 from ..train.setup import Setup
 from ..train.tensor_memory import GIB
+from .charts import plot
 from .grid import Cell, cells, parse_grid, show
 
 def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = None) -> str:
@@ -335,23 +336,3 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return format(value, spec) + suffix
-
-
-def plot(table: Any, column: str, title: str, path: Path) -> None:
-    import matplotlib  # lazy: 0.6 s to import, and only the charts need it
-
-    matplotlib.use("Agg")  # no display on servers and in CI; chosen before pyplot is imported
-    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
-
-    ran = table[table[column].notna()]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(ran), 1) + 1.5))
-    bars = ax.barh(list(ran["cell"]), list(ran[column]), color="tab:blue")
-    ax.bar_label(bars, fmt="%.2fx", padding=2, fontsize=8)
-    ax.margins(x=0.12)  # room for the labels
-    ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.invert_yaxis()
-    ax.set_xlabel(f"{column} (x baseline)")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
