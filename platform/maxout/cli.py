@@ -255,10 +255,11 @@ def cmd_find_batch_size(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    precheck(split_overrides(args.overrides, args.overrides_string))  # before the imports below: seconds
+    overrides = split_overrides(args.overrides, args.overrides_string)
+    precheck(overrides)  # before the imports below: seconds
     from .insight import benchmark  # lazy: torch, mlflow (start-up)
 
-    report = benchmark.run(split_overrides(args.overrides, args.overrides_string), grid_spec=args.grid,
+    report = benchmark.run(overrides, grid_spec=args.grid,
                            steps=args.steps, repeats=args.repeats, out_dir=args.out, progress=not args.no_progress)
     print(report.markdown())
     print(f"maxout: table, CSV and charts in {report.files['markdown'].parent}"
@@ -268,7 +269,8 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    precheck(split_overrides(args.overrides, args.overrides_string))  # before the imports below: seconds
+    overrides = split_overrides(args.overrides, args.overrides_string)
+    precheck(overrides)  # before the imports below: seconds
     from rich.console import Console  # lazy: only the tables need it (start-up)
 
     from .insight import audit, audit_report, levers  # lazy: torch, mlflow (start-up)
@@ -277,8 +279,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     only = levers.parse_levers(args.levers)
     cfg, device = _config_on_this_device(args)  # every bad override at once, as maxout train lists them
     result = audit.audit(cfg, args.budget_s, args.out, steps=args.steps, only=only, device=device,
-                         overrides=split_overrides(args.overrides, args.overrides_string),
-                         progress=not args.no_progress)
+                         overrides=overrides, progress=not args.no_progress)
     url = _ui_url(_used_uri(), result.experiment_id) if result.parent_run_id else None
     if args.json:
         print(json.dumps(result.report, indent=2, default=str))
