@@ -301,6 +301,28 @@ def test_packed_collator_flattens_rows_with_restarting_positions_and_one_label_e
     assert packing.PackedCollator(longest=128)(rows)["packing"].max_length == 128  # a bound: one value to compile
 
 
+@pytest.mark.parametrize("start", [0, 2])
+def test_packed_collator_gives_what_transformers_flattening_collator_gives(start):
+    """maxout builds the packed tensors from the rows' lengths (vectorized, ~10x faster per 1024 rows): transformers'
+    DataCollatorWithFlattening stays the reference for every tensor, its dtype and its shape."""
+    import random
+
+    from transformers import DataCollatorWithFlattening
+
+    rng = random.Random(start)
+    rows = [{"input_ids": [rng.randrange(1000, 30000) for _ in range(n)], "labels": rng.randrange(3)}
+            for n in [1, *[rng.randint(1, 40) for _ in range(30)], 1]]
+    ours = packing.PackedCollator(start)(rows)
+    theirs = DataCollatorWithFlattening(return_position_ids=True, return_flash_attn_kwargs=True, return_seq_idx=True,
+                                        position_ids_start=start)([{"input_ids": r["input_ids"]} for r in rows],
+                                                                  return_tensors="pt")
+    for key, got in (("input_ids", ours["input_ids"]), ("position_ids", ours["position_ids"]),
+                     ("cu_seq_lens_q", ours["packing"].cu_seq_lens), ("seq_idx", ours["packing"].seq_idx)):
+        assert got.dtype == theirs[key].dtype and torch.equal(got, theirs[key]), key
+    assert ours["packing"].max_length == theirs["max_length_q"]
+    assert ours["labels"].tolist() == [r["labels"] for r in rows]
+
+
 def test_a_packed_batch_splits_into_packed_chunks_of_whole_rows():
     rows = [{"input_ids": list(range(1, n + 1)), "labels": n % 2} for n in (3, 5, 2, 4, 1)]
     batch = packing.PackedCollator()(rows)
