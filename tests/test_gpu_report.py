@@ -349,7 +349,7 @@ def test_the_host_split_partitions_each_step_and_runs_on_across_epochs(tmp_path,
     # the other loader's workers start on its first batch: those steps are run untimed first
     assert windows == [6, host_time.WARM_STEPS, 6]
     assert any(not torch.equal(a, b) for a, b in zip(before, setup.model.parameters()))  # real steps were taken
-    assert got["steps"] == 6 and got["profiled_steps"] == 2
+    assert got["steps"] == 6 and got["profiled_steps"] == 2 and got["profile_attempts"] == 1  # a CPU: no retry
     for timed in (got, got["other_loader"]):  # the worker's batches, then the same collated in-process
         assert 0 < timed["data_ms"] and 0 < timed["issue_ms"]
         assert timed["data_ms"] + timed["issue_ms"] <= timed["wall_ms"]
@@ -394,6 +394,12 @@ def test_the_host_split_names_the_cuda_calls_that_block_the_host():
            "launch_ms": 6.0, "launches_per_step": 880, "host_ops_ms": 60.0, "syncs_per_step": 0.0, "top_host": [],
            "blocking": {"cudaStreamSynchronize": {"calls_per_step": 1.0, "ms_per_step": 120.5}}}
     assert host_time.markdown({"compiled": row})[2].endswith("| 0.0 | cudaStreamSynchronize 1.0 (120.50) |")
+    # on the H200 the first host profile after the mfu section's kernel profile caught no kernel (runs 6, 7): the
+    # split profiles again, and its table says so
+    retried = {**row, "top_host": [{"op": "cudaGraphLaunch", "ms_per_step": 1.5}]}
+    assert "(a second profile: the first caught no kernel)" not in host_time.markdown({"c": retried})[-1]
+    assert "(a second profile: the first caught no kernel): `cudaGraphLaunch` 1.50." in host_time.markdown(
+        {"c": {**retried, "profile_attempts": 2}})[-1]
 
 
 def _trial(number, state, start, end, worker):

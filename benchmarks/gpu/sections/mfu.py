@@ -59,6 +59,7 @@ def profile_steps(setup, steps: int = 3, top: int = 15) -> dict:
     groups = accumulation_groups(setup.train_loader, setup.accum_steps)
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     meter = Throughput(setup.device.torch_device)
+    host_time.teardown_cupti()  # as the host split's profile after it does, or that one catches no kernels
     with profile(activities=activities) as prof:
         for _, group in zip(range(steps), groups):
             train_step(setup, group, meter)
