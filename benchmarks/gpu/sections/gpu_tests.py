@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[3]
 VERBOSE_LINE = re.compile(r"^(?:(?P<id>\S+::\S+) (?P<outcome>PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)|"
                           r"\[gw\d+\] \[\s*\d+%\] (?P<outcome2>PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) "
                           r"(?P<id2>\S+::\S+))")
+# pytest-xdist's -v names each test as it hands it to a worker, alone on a line: a test named so with no outcome line
+# was still running when the run was cut
+STARTED_LINE = re.compile(r"^(?P<id>tests/\S+::\S+)\s*$")
 WORKERS = 4
 TEST_LIMIT_S = 75
 
@@ -55,6 +58,13 @@ def parse_verbose(output: str) -> list[dict]:
              "message": ""} for m in map(VERBOSE_LINE.match, output.splitlines()) if m]
 
 
+def unfinished(output: str, finished: list[dict]) -> list[str]:
+    """The tests ``pytest -v`` started in ``output`` that have no outcome among ``finished`` (in the order started)."""
+    done = {r["id"] for r in finished}
+    started = (m["id"] for m in map(STARTED_LINE.match, output.splitlines()) if m)
+    return [test for test in dict.fromkeys(started) if test not in done]
+
+
 def parallel_options(workers: int, test_limit_s: float | None) -> list[str]:
     """pytest-xdist's and pytest-timeout's options, each where its plugin is installed."""
     import importlib.util
@@ -81,7 +91,9 @@ def run_pytest(files: list[Path], junit: Path, timeout: float, marker: str = "gp
         output, code = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or ""), None
     rows = parse_junit(junit) if code is not None and junit.exists() else parse_verbose(output)
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("passed", "failed", "error", "skipped")}
+    running = unfinished(output, rows) if code is None else []
     return {"tests": rows, "summary": {**counts, "exit_code": code, "timed_out": code is None,
+                                       **({"unfinished": running} if running else {}),
                                        "files": [str(f.relative_to(cwd)) for f in files],
                                        **({"options": list(options)} if options else {})},
             "output_tail": output.splitlines()[-30:]}
@@ -106,6 +118,8 @@ def markdown(results: dict) -> str:
             f"{s.get('skipped', 0)} skipped (pytest exit code {s.get('exit_code')}"
             f"{', cut at the time limit' if s.get('timed_out') else ''}); files: {', '.join(s.get('files', []))}"
             + (f"; options `{' '.join(s['options'])}`" if s.get("options") else ""))
+    if s.get("unfinished"):
+        head += "; still running when cut: " + ", ".join(f"`{t}`" for t in s["unfinished"])
     lines = [head, "", "| test | outcome | seconds | message |", "|---|---|---|---|"]
     for t in results.get("tests", []):
         seconds = f"{t['seconds']:.1f}" if t["seconds"] is not None else "–"
