@@ -367,7 +367,7 @@ def test_the_host_split_partitions_each_step_and_runs_on_across_epochs(tmp_path,
     assert not [p for p in multiprocessing.active_children() if p.is_alive()]  # no worker left behind mid-epoch
     # a CPU: no kernels, no launches, no sync count (tests/test_host_syncs.py counts a CPU's would-be syncs)
     assert (got["kernel_ms"], got["kernels_per_step"], got["syncs_per_step"]) == (None, None, None)
-    assert got["launches_per_step"] == 0
+    assert got["launches_per_step"] == 0 and got["launch_sources"] == []
     ops = [o["op"] for o in got["top_host"]]
     assert len(ops) == 10 and any(op.startswith("aten::") for op in ops)
     assert all(a["ms_per_step"] >= b["ms_per_step"] > 0 for a, b in zip(got["top_host"], got["top_host"][1:]))
@@ -404,6 +404,20 @@ def test_the_host_split_names_the_cuda_calls_that_block_the_host():
            "launch_ms": 6.0, "launches_per_step": 880, "host_ops_ms": 60.0, "syncs_per_step": 0.0, "top_host": [],
            "blocking": {"cudaStreamSynchronize": {"calls_per_step": 1.0, "ms_per_step": 120.5}}}
     assert host_time.markdown({"compiled": row})[2].endswith("| 0.0 | cudaStreamSynchronize 1.0 (120.50) |")
+    # launches by the outermost op above each (a CPU profile has none: the H200's batch-64 step made 272, run 7)
+    step = types.SimpleNamespace(name="Optimizer.step#AdamW.step", cpu_parent=None)
+    fused = types.SimpleNamespace(name="aten::_fused_adamw_", cpu_parent=step)
+    node = types.SimpleNamespace(name="autograd::engine::evaluate_function: AddmmBackward0", cpu_parent=None)
+    events = [types.SimpleNamespace(name="cudaLaunchKernel", cpu_parent=fused) for _ in range(6)] + [
+        types.SimpleNamespace(name="cudaLaunchKernel", cpu_parent=node), fused, node,
+        types.SimpleNamespace(name="cudaEventRecord", cpu_parent=step)]
+    assert host_time.launch_sources(events, steps=2) == [{"op": "Optimizer.step#AdamW.step", "per_step": 3.0},
+                                                         {"op": node.name, "per_step": 0.5}]
+    sourced = {**row, "top_host": [{"op": "aten::mm", "ms_per_step": 1.0}],
+               "launch_sources": host_time.launch_sources(events, steps=2)}
+    assert host_time.markdown({"c": sourced})[-1] == (
+        "\nc, launch calls per step by the outermost op that made them: `Optimizer.step#AdamW.step` 3, "
+        "`autograd::engine::evaluate_function: AddmmBackward0` 0.5.")
     # on the H200 the first host profile after the mfu section's kernel profile caught no kernel (runs 6, 7): the
     # split profiles again, and its table says so
     retried = {**row, "top_host": [{"op": "cudaGraphLaunch", "ms_per_step": 1.5}]}

@@ -19,7 +19,8 @@ runs more steps of the trainer's own ``train_step`` and splits them three ways:
   time spent in kernel-launch calls, the CPU self time of all the ops the profiler sees (issue time beyond it is
   Python: the loop, module calls, dynamo's guards and wrappers; the profiler slows both, so compare within its own
   figures), the blocking CUDA runtime calls (syncs, and allocations and frees that sync) with the CPU time they
-  waited, and the host ops with the most CPU self time. CUPTI is torn down when the profile ends
+  waited, the host ops with the most CPU self time, and the launch calls per step by the outermost op that made
+  each (``launch_sources``: the work outside CUDA graphs' replays). CUPTI is torn down when the profile ends
   (``TEARDOWN_CUPTI=1`` unless set): left subscribed, it slows every later kernel launch in the process
   (pytorch/pytorch#144455), and runs of the comparison may follow.
 """
@@ -159,6 +160,7 @@ def _profiled(setup: Any, groups: Iterator[list], steps: int, meter: Any, top: i
         if not cuda or any(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.key_averages()):
             break
     out["profile_attempts"] = attempt
+    out["launch_sources"] = launch_sources(prof.events(), steps)
     kernel_ms = kernels = launch_ms = launches = 0.0
     host: dict[str, float] = {}
     blocking: dict[str, dict] = {}
@@ -181,6 +183,21 @@ def _profiled(setup: Any, groups: Iterator[list], steps: int, meter: Any, top: i
                 "top_host": [{"op": name[:100], "ms_per_step": ms / steps} for name, ms in ranked],
                 "blocking": dict(sorted(blocking.items(), key=lambda kv: -kv[1]["ms_per_step"]))})
     return out
+
+
+def launch_sources(events: Any, steps: int, top: int = 8) -> list[dict]:
+    """Launch calls per step by the outermost op above each one on its thread: the optimizer's step, an autograd
+    node, a compiled graph's call, a copy. With CUDA graphs the H200's batch-64 step still made 272 launch calls
+    (run 7): this says which work runs outside the recorded graphs."""
+    counts: dict[str, int] = {}
+    for event in events:
+        if LAUNCH.match(event.name):
+            outer = event
+            while outer.cpu_parent is not None:
+                outer = outer.cpu_parent
+            counts[outer.name] = counts.get(outer.name, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [{"op": name[:100], "per_step": count / steps} for name, count in ranked]
 
 
 def markdown(rows: dict[str, dict]) -> list[str]:
@@ -209,4 +226,7 @@ def markdown(rows: dict[str, dict]) -> list[str]:
         ops = ", ".join(f"`{o['op'][:60]}` {o['ms_per_step']:.2f}" for o in r["top_host"][:6])
         again = " (a second profile: the first caught no kernel)" if r.get("profile_attempts") == 2 else ""
         lines.append(f"\n{name}, host ops with the most CPU self time (ms per step){again}: {ops}.")
+        if r.get("launch_sources"):
+            made = ", ".join(f"`{o['op'][:60]}` {round(o['per_step'], 1):g}" for o in r["launch_sources"])
+            lines.append(f"\n{name}, launch calls per step by the outermost op that made them: {made}.")
     return lines
