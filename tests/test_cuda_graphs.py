@@ -14,7 +14,7 @@ import torch
 from maxout import loading
 from maxout.optimizations import compile as compile_opt, named, pad_widths
 from maxout.tracking.tracker import NullTracker
-from maxout.train import train
+from maxout.train import loop, train
 from maxout.train.loop import train_step
 from maxout.metrics import Throughput
 from maxout.train.setup import plan_decisions
@@ -119,10 +119,12 @@ def test_a_cuda_graph_step_marks_each_forward_and_keeps_gradient_buffers(monkeyp
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     result = train(loading.load([*TINY, "train.max_steps=1"], device=cpu_device), tracker=NullTracker(),
                    progress=False, device=cpu_device, verbose=False)
-    s = dataclasses.replace(result.setup, forward=compile_opt.with_step_marks(result.setup.model), cuda_graphs=True)
-    for p in s.model.parameters():
-        p.grad = torch.zeros_like(p)
+    s = dataclasses.replace(result.setup, forward=compile_opt.with_step_marks(result.setup.model), cuda_graphs=True,
+                            accum_steps=2)
+    assert s.gradients_in_buffers
+    s.zero_grad()  # what setup does for a run that keeps gradients in buffers: one for every parameter
     buffers = {id(p): p.grad for p in s.model.parameters()}
+    assert all(g is not None for g in buffers.values())
     batches = iter(s.train_loader)
     meter = Throughput("cpu")
     for _ in range(2):
@@ -130,6 +132,42 @@ def test_a_cuda_graph_step_marks_each_forward_and_keeps_gradient_buffers(monkeyp
     assert len(marks) == 4
     assert all(p.grad is buffers[id(p)] for p in s.model.parameters())
     assert all(not p.grad.any() for p in s.model.parameters())  # zeroed in place after the optimizer step
+
+
+def test_with_one_backward_a_step_cuda_graphs_take_gradients_as_written_and_a_split_step_gets_buffers_first(
+        cpu_device, one_torch_thread):
+    """One backward a step: no buffer to add into (each parameter's add kernel was a launch outside the graphs, 201
+    of the 272 an H200 step made at batch 64, run 7), the gradients dropped after the step. A step that makes
+    several backward passes anyway (two micro-batches here; out-of-memory recovery's chunks) gets a zeroed buffer for
+    every parameter before its first pass, and sums into it: the same gradients as plain accumulation."""
+    result = train(loading.load([*TINY, "train.max_steps=1"], device=cpu_device), tracker=NullTracker(),
+                   progress=False, device=cpu_device, verbose=False)
+    s = dataclasses.replace(result.setup, cuda_graphs=True, accum_steps=1)
+    assert not s.gradients_in_buffers and s.oom.halvings == 0
+    batches = iter(s.train_loader)
+    meter = Throughput("cpu")
+    train_step(s, [next(batches)], meter)
+    assert all(p.grad is None for p in s.model.parameters())  # taken as written, dropped after the step
+    seen = []
+    forward = s.forward
+    s = dataclasses.replace(s, forward=lambda **kw: seen.append(
+        all(p.grad is not None for p in s.model.parameters() if p.requires_grad)) or forward(**kw))
+    pair = [next(batches), next(batches)]
+    plain = dataclasses.replace(s, cuda_graphs=False, forward=forward)
+    plain.zero_grad()
+    torch.manual_seed(0)  # the same dropout masks in both
+    loop._forward_backward(plain, pair)
+    expected = [p.grad.clone() for p in s.model.parameters()]
+    plain.zero_grad()
+    torch.manual_seed(0)
+    loop._forward_backward(s, pair)
+    assert seen == [True, True]  # buffers before the first pass
+    for got, want in zip((p.grad for p in s.model.parameters()), expected):
+        torch.testing.assert_close(got, want)
+    s.oom.halvings = 1  # out-of-memory recovery split the rows: every step now makes several passes
+    assert s.gradients_in_buffers
+    s.zero_grad()
+    assert all(p.grad is not None and not p.grad.any() for p in s.model.parameters())
 
 
 def test_under_cuda_graphs_only_full_micro_batches_reach_the_graphs(cpu_device, one_torch_thread):

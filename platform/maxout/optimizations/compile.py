@@ -6,8 +6,9 @@ by the host. cudagraph trees record one graph per input shape, so they run where
 arbitrary widths or packed batches (a new length every step) they are downgraded with a reason.
 
 Under CUDA graphs a step's outputs live in the graphs' memory pool until the next replay: each forward marks a new
-step (``with_step_marks``), and gradients keep buffers of their own (``Setup.zero_grad``), since a .grad that a
-first backward left in the pool would be overwritten by the next micro-batch's replay before the optimizer reads it.
+step (``with_step_marks``), and where a step makes several backward passes, gradients keep buffers of their own
+(``Setup.gradients_in_buffers``), since a .grad that a first backward left in the pool would be overwritten by the next
+micro-batch's replay before the optimizer reads it.
 """
 
 from __future__ import annotations

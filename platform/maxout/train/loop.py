@@ -86,6 +86,8 @@ def _forward_backward(s: Setup, micro_batches: Sequence[dict]) -> torch.Tensor:
     step_loss = torch.zeros((), device=device)
     # one chunk (share 1.0) per micro-batch unless an out-of-memory error split it
     pieces = [(chunk, share) for batch in micro_batches for chunk, share in s.oom.split(batch)]
+    if s.cuda_graphs and len(pieces) > 1:  # several backward passes add into buffers of their own (Setup)
+        s.ensure_gradient_buffers()
     for i, (chunk, share) in enumerate(pieces):
         inputs = {k: chunk[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in chunk}
         with s.gradient_sync(last=i == len(pieces) - 1):  # data parallel: all-reduce once per step, not per piece

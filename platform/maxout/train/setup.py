@@ -61,7 +61,7 @@ class Setup:
     world: World = SINGLE  # this process's place in the job (train/distributed.py)
     parallel: Any = None  # DDP's wrapper, or the FSDP-sharded model; None in one process
     eager: Optional[Callable] = None  # ``forward`` before compile wrapped it (None: forward is not compiled)
-    cuda_graphs: bool = False  # the compiled forward replays CUDA graphs (compile.py: gradients keep their buffers)
+    cuda_graphs: bool = False  # the compiled forward replays CUDA graphs (compile.py; gradients_in_buffers below)
 
     def decision(self, name: str) -> Decision:
         return named(self.decisions, name)
@@ -82,10 +82,32 @@ class Setup:
             return self.eager
         return self.forward
 
+    @property
+    def gradients_in_buffers(self) -> bool:
+        """Whether each .grad keeps a buffer of its own between steps, zeroed in place: under CUDA graphs, where a
+        step makes several backward passes (accumulation, or out-of-memory recovery's chunks). Left where a backward
+        graph wrote them, the first pass's gradients would be overwritten by the next pass's replay before the
+        optimizer reads them (compile.py). With one backward a step they are taken as the graph wrote them, which
+        spares an add kernel per parameter: BERT-base's 201, launched by the host outside the graphs, of the 272
+        launch calls an H200 step made at batch 64 (2026-11-28, run 7). A step that makes several passes anyway
+        gets its buffers first (``ensure_gradient_buffers``)."""
+        return self.cuda_graphs and (self.accum_steps > 1 or self.oom.halvings > 0)
+
     def zero_grad(self) -> None:
-        """Clear the gradients: set to None (frees their memory, skips a memset), except under CUDA graphs, where
-        each .grad keeps a buffer of its own (see compile.py) and is zeroed in place."""
-        self.optimizer.zero_grad(set_to_none=not self.cuda_graphs)
+        """Clear the gradients: set to None (frees their memory, skips a memset), or zero their buffers in place
+        (``gradients_in_buffers``)."""
+        if self.gradients_in_buffers:
+            self.ensure_gradient_buffers()
+            self.optimizer.zero_grad(set_to_none=False)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def ensure_gradient_buffers(self) -> None:
+        """A zeroed buffer for every trainable parameter's .grad that has none (before a step of several backward
+        passes under CUDA graphs: see ``gradients_in_buffers``)."""
+        for p in self.model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
     def gradient_sync(self, last: bool) -> ContextManager:
         """Data parallel: gradients cross the network on the optimizer step's last backward only."""
@@ -333,10 +355,7 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   cuda_graphs=compiled and compile_opt.records_graphs(named(decisions, "compile_mode").effective),
                   # one rank re-running a step alone would leave the others waiting at its all-reduce
                   oom=OOMRecovery(enabled=world.size == 1))
-    if setup.cuda_graphs:  # gradients keep buffers of their own under CUDA graphs (compile.py), from the start
-        for p in model.parameters():
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
+    setup.zero_grad()  # buffers from the start where gradients keep them (Setup.gradients_in_buffers)
     counts = modeling.count_parameters(model)
     setup.derived = {
         "micro_batch": micro_batch, "accumulation_steps": accum_steps,
@@ -348,7 +367,7 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
         "num_labels": dataset.num_labels, "labels": ",".join(dataset.label_names),
         "data_fingerprint": dataset.fingerprint, "params_total": counts["total"],
         "params_trainable": counts["trainable"], "host_sync_every_steps": cfg.train.log_every,
-        "zero_grad_set_to_none": True,
+        "zero_grad_set_to_none": not setup.gradients_in_buffers,
         **{f"rows_dropped_{split}": n for split, n in dataset.dropped.items()},  # data.on_missing=drop
     }
     commit = modeling.base_commit(cfg.model)  # resolved in the checks before the run: no download here
