@@ -88,9 +88,9 @@ class Setup:
         step makes several backward passes (accumulation, or out-of-memory recovery's chunks). Left where a backward
         graph wrote them, the first pass's gradients would be overwritten by the next pass's replay before the
         optimizer reads them (compile.py). With one backward a step they are taken as the graph wrote them, which
-        spares an add kernel per parameter: BERT-base's 201, launched by the host outside the graphs, of the 272
-        launch calls an H200 step made at batch 64 (2026-11-28, run 7). A step that makes several passes anyway
-        gets its buffers first (``ensure_gradient_buffers``)."""
+        spares an add kernel per parameter, launched by the host outside the graphs: BERT-base has 201, and an H200
+        step at batch 64 made 272 launch calls (2026-11-28, run 7; the next GPU report's host split names their
+        sources). A step that makes several passes anyway gets its buffers first (``ensure_gradient_buffers``)."""
         return self.cuda_graphs and (self.accum_steps > 1 or self.oom.halvings > 0)
 
     def zero_grad(self) -> None:
