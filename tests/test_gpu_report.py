@@ -130,8 +130,10 @@ def test_the_calls_fit_the_15_minutes_a_gpu_machine_is_lent():
         assert plan.sections == sorted(plan.sections, key=order.index)  # registry order: how they run
         fixed = [v for v in plan.limits.values() if v is not None]
         assert sum(fixed) + gpu_report.RESERVE_S < plan.budget_s and list(plan.limits.values())[-1] is None
-    assert plans["call1"].sections == ["environment", "vs_trainer", "mfu"]  # the headline (P8: a loan of its own)
-    assert plans["call2"].sections == ["gpu_tests", "batch_finder", "tracking"]  # hpo needs a loan of its own
+    # the headline, with the time for the compiled Trainer since run 7 (P8: a loan of its own)
+    assert plans["call1"].sections == ["environment", "vs_trainer"]
+    # hpo, the batch finder and tracking: loans of their own
+    assert plans["call2"].sections == ["gpu_tests", "mfu"]
     # call3 takes what the loan had left after calls 1 and 2 (the machine warm): held 614.6 s of 900 on 2026-11-27's
     # third loan (570.1 s on its second; 698.3 s on its first, whose calls have since been cut to fit), when call 1
     # still ran P8 (80 s then) and its vs_trainer had no CUDA graphs to compile (~40 s more since)
@@ -470,6 +472,10 @@ def test_vs_trainer_runs_the_headline_first_and_both_orders_then_the_compiled_tr
     assert runs[6:10] == [("demo", "trainer_best", "maxout last"), ("demo", "maxout", "maxout last"),
                           ("long", "trainer_best", "maxout last"), ("long", "maxout", "maxout last")]
     assert [c for _, c, _ in runs[10:]] == ["trainer_best_compiled"] * 2
+    assert vs_trainer.left_out_note("demo: trainer_best_compiled (last)", 39.4, 120.0, seen=False) == (
+        "demo: trainer_best_compiled (last): 39 s left, it needs ~120 s (a guess: none of its runs has been seen)")
+    assert vs_trainer.left_out_note("long: maxout (maxout last)", 5.0, 7.2, seen=True) == (
+        "long: maxout (maxout last): 5 s left, its last run took 7 s")
     plan = [r for r in runs if r[1] != "maxout_eager"]
     done = [{"mix": m, "contender": c, "order": o, "samples_per_s": v} for (m, c, o), v in
             zip(plan[:6], [100.0, 50.0, 30.0, 20.0, 40.0, 120.0])]  # cut after the demo mix's second order
