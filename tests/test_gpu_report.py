@@ -140,7 +140,12 @@ def test_the_calls_fit_the_15_minutes_a_gpu_machine_is_lent():
     # (run 7, 2026-11-28: held 604.5 s after call 2, 295 s left). CUDA graphs at batch 64 measured 2.14x and 1.79x
     # default mode (runs 6, 7), and vs_trainer runs them: call 3 is the compiled MFU's, both its cases
     assert plans["call3"].sections == ["mfu_compiled"]
-    assert plans["call3"].budget_s + install_s <= 15 * 60 - (614.6 - 80 + 40 + 22) - 20
+    # Held after call 2 in run 7: 604.5 s. Since then call 1 adds the compiled Trainer (~120 s, its guess), mfu moved
+    # from call 1 to call 2 (no change in all), the batch finder and tracking left (51 + 47 s in run 7), and gpu_tests
+    # may take 20 s more: ~646 s
+    held = 604.5 + 120 - (51 + 47) + 20
+    assert plans["call3"].budget_s + install_s <= 15 * 60 - held - 10
+    assert plans["call3"].budget_s - gpu_report.RESERVE_S >= 90 + 80  # both compiled MFU cases, as estimated
 
 
 def test_each_planned_section_has_the_seconds_the_h200_measured():
