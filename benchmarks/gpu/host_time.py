@@ -157,14 +157,15 @@ def _profiled(setup: Any, groups: Iterator[list], steps: int, meter: Any, top: i
             for _ in range(steps):
                 train_step(setup, next(groups), meter)
             sync(setup.device.torch_device)
-        if not cuda or any(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.key_averages()):
+        averages = prof.key_averages()
+        if not cuda or any(e.device_type == torch.autograd.DeviceType.CUDA for e in averages):
             break
     out["profile_attempts"] = attempt
     out["launch_sources"] = launch_sources(prof.events(), steps)
     kernel_ms = kernels = launch_ms = launches = 0.0
     host: dict[str, float] = {}
     blocking: dict[str, dict] = {}
-    for event in prof.key_averages():
+    for event in averages:
         if cuda and event.device_type == torch.autograd.DeviceType.CUDA:
             kernel_ms += event.self_device_time_total / 1e3
             kernels += event.count
