@@ -97,8 +97,8 @@ class Setup:
         """Clear the gradients: set to None (frees their memory, skips a memset), or zero their buffers in place
         (``gradients_in_buffers``)."""
         if self.gradients_in_buffers:
-            self.ensure_gradient_buffers()
             self.optimizer.zero_grad(set_to_none=False)
+            self.ensure_gradient_buffers()  # after: a buffer it allocates is zero already
         else:
             self.optimizer.zero_grad(set_to_none=True)
 
