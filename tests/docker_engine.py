@@ -327,10 +327,15 @@ def user_python() -> str:
     stamp = venv / ".constraints"
     if not (stamp.exists() and stamp.read_bytes() == lock):
         shutil.rmtree(venv, ignore_errors=True)
-        # --without-pip: Debian's Python has no ensurepip without python3-venv; this process's pip installs into it.
+        # --without-pip: Debian's Python has no ensurepip without python3-venv; this process's uv (make install puts
+        # it in the venv; else its pip) installs into it. Bytecode compiled now, as pip does: the user cannot write
+        # into the venv, so each of its mlflow runs would compile mlflow from source.
         subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True)
-        pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                              "-c", str(ROOT / "constraints.txt"), "mlflow", "docker"], capture_output=True, text=True)
+        uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+        installer = ([uv, "pip", "install", "--compile-bytecode", "--python", str(python)] if uv else
+                     [sys.executable, "-m", "pip", "--python", str(python), "install"])
+        pip = subprocess.run([*installer, "-q", "-c", str(ROOT / "constraints.txt"), "mlflow", "docker"],
+                             capture_output=True, text=True)
         if pip.returncode:
             pytest.fail(f"installing mlflow for {USER} into {venv} failed: {pip.stderr.strip()[-500:]}")
         subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)  # whatever the umask was

@@ -82,8 +82,11 @@ def run_pytest(files: list[Path], junit: Path, timeout: float, marker: str = "gp
     """Run pytest on ``files`` with ``-m marker`` in a subprocess; the per-test rows and a summary."""
     command = [sys.executable, "-m", "pytest", "-m", marker, "-v", "-p", "no:cacheprovider", f"--junitxml={junit}",
                "-o", "junit_family=xunit2", *options, *map(str, files)]
-    # deterministic tests need cuBLAS's fixed workspace before the process's first matmul, whichever test runs first
-    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
+    # deterministic tests need cuBLAS's fixed workspace before the process's first matmul, whichever test runs first.
+    # The command is the whole of what this pytest runs: a PYTEST_ADDOPTS of the caller's (a plugin, -x, a timing
+    # file) is left out, as it would change what the report counts.
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+           "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
     try:
         done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
         output, code = done.stdout + done.stderr, done.returncode
