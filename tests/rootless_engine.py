@@ -18,6 +18,7 @@ sub-uid and sub-gid ranges (useradd gives them), user namespaces, and /dev/net/t
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import pwd
@@ -133,3 +134,18 @@ def engine(rootful: docker_engine.Engine) -> Iterator[docker_engine.Engine]:
     finally:
         _stop(proc.pid)
         proc.wait()
+
+
+@contextlib.contextmanager
+def ready_in_background(rootful: docker_engine.Engine) -> Iterator[concurrent.futures.Future]:
+    """:func:`engine` entered in a thread from now on: the future's result is the rootless engine once the image is
+    in it. A new image's `docker save | docker load` (2.7 GB, ~80 s and ~65 CPU-s on a new machine, where CI always
+    is) then overlaps whatever the caller does meanwhile. At the end the thread is waited for and the engine
+    stopped."""
+    with contextlib.ExitStack() as stack, \
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rootless-engine") as pool:
+        ready = pool.submit(stack.enter_context, engine(rootful))
+        try:
+            yield ready
+        finally:
+            concurrent.futures.wait([ready])  # then the pool, then the stack: the engine stops after it started

@@ -11,6 +11,7 @@ import pytest
 from maxout import cli
 from maxout.errors import ConfigError
 
+from . import warm_maxout
 from .conftest import ROOT, runs_in
 
 TINY_LOCAL = ["model=tiny", "train.max_steps=1"]
@@ -60,10 +61,15 @@ def test_bad_input_is_one_line_nonzero_and_leaves_no_run(name, tmp_path, mlflow_
 
 
 def test_python_dash_m_exits_with_the_code_and_one_line():
+    """A fresh `python -m maxout`; and the same command forked warm (tests/warm_maxout.py, which the end-to-end
+    tests use where a process's start-up is not their point) says and returns exactly what it does."""
     proc = subprocess.run([sys.executable, "-m", "maxout", "train", "hardware=nope"], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "unknown hardware 'nope'" in proc.stderr
+    warm = warm_maxout.run(["train", "hardware=nope"], timeout=600)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (proc.returncode, proc.stdout, proc.stderr)
+    assert warm_maxout.popen(["train", "hardware=nope"], stderr=warm_maxout.PIPE).wait(600) == 2
 
 
 def test_cfg_prints_the_resolved_config(capsys):

@@ -34,6 +34,7 @@ from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 from maxout.train.setup import build
 
+from . import warm_maxout
 from .conftest import ROOT, runs_in
 from .test_checkpointing import history
 from .test_reliability_e2e import logged_weights
@@ -148,9 +149,9 @@ def test_fsdp_on_cpu_trains_like_ddp_and_logs_the_same_model(tmp_path, mlflow_st
     nothing in the temporary folder (torchrun's own default would leave a torchelastic_* folder per job)."""
     uri, scratch = mlflow_store["uri"], tmp_path / "tmp"
     scratch.mkdir()
-    job = run([sys.executable, "-m", "maxout", "train", "--nproc-per-node", "2", "--no-progress",
-               *equivalence(tmp_path, "train.batch_size=4", "distributed.strategy=fsdp"), *mlflow_store["overrides"]],
-              env={**os.environ, "TMPDIR": str(scratch)})
+    job = warm_maxout.run(["train", "--nproc-per-node", "2", "--no-progress",  # the launcher forked warm
+                           *equivalence(tmp_path, "train.batch_size=4", "distributed.strategy=fsdp"),
+                           *mlflow_store["overrides"]], env={**os.environ, "TMPDIR": str(scratch)}, timeout=900)
     assert job.returncode == 0, job.stderr[-3000:]
     assert list(scratch.iterdir()) == []
     run_ = the_run(uri)
@@ -168,8 +169,8 @@ def test_packed_batches_and_model_selection_under_fsdp_give_ddps_model(tmp_path,
         args = [*equivalence(folder, "train.batch_size=4", f"distributed.strategy={strategy}",
                              "data.padding=packed", "data.max_tokens_per_batch=auto", "train.select_best=eval/loss",
                              "train.eval_every_epochs=0.5", "train.lr=1e-3", f"tracking.run_name={strategy}")]
-        job = run([sys.executable, "-m", "maxout", "train", "--nproc-per-node", "2", "--no-progress", *args,
-                   *mlflow_store["overrides"]])
+        job = warm_maxout.run(["train", "--nproc-per-node", "2", "--no-progress", *args, *mlflow_store["overrides"]],
+                              timeout=900)
         assert job.returncode == 0, job.stderr[-3000:]
         (run_,) = [r for r in runs_in(uri) if r.info.run_name == strategy]
         params, metrics = run_.data.params, run_.data.metrics
@@ -194,8 +195,8 @@ def test_a_lora_decoder_with_last_token_pooling_under_fsdp_gives_ddps_model(tmp_
         args = [*equivalence(folder, "train.batch_size=4", f"distributed.strategy={strategy}", "model=tiny_qwen3",
                              "model.adapter=lora", "model.lora_dropout=0.0", "train.epochs=2", "train.lr=1e-2",
                              f"tracking.run_name={strategy}")]
-        job = run([sys.executable, "-m", "maxout", "train", "--nproc-per-node", "2", "--no-progress", *args,
-                   *mlflow_store["overrides"]])
+        job = warm_maxout.run(["train", "--nproc-per-node", "2", "--no-progress", *args, *mlflow_store["overrides"]],
+                              timeout=900)
         assert job.returncode == 0, job.stderr[-3000:]
         (run_,) = [r for r in runs_in(uri) if r.info.run_name == strategy]
         params = run_.data.params

@@ -16,6 +16,7 @@ from maxout.errors import ConfigError
 from maxout.hpo import study as hpo_study
 from maxout.train import Callback
 
+from . import warm_maxout
 from .conftest import runs_in, two_invocations_shared_one_study
 from .services import free_port
 
@@ -332,14 +333,11 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
     runs it, and ends the runs A left RUNNING as KILLED."""
     import collections
     import signal
-    import subprocess
-    import sys
     import time
 
     import optuna
     from optuna.trial import TrialState
 
-    from .conftest import ROOT
     from .services import create_database, postgres
 
     with postgres() as server:
@@ -356,8 +354,8 @@ def test_two_workers_on_postgres_lose_no_trial_when_one_is_killed(tmp_path, smal
 
         def worker(name):
             log = open(tmp_path / f"{name}.log", "w")
-            return subprocess.Popen([sys.executable, "-m", "maxout", "hpo", *overrides, "--no-progress"], cwd=ROOT,
-                                    env=env, stdout=log, stderr=subprocess.STDOUT)
+            return warm_maxout.popen(["hpo", *overrides, "--no-progress"], env=env, stdout=log,
+                                     stderr=warm_maxout.STDOUT)  # a process of its own, forked warm
 
         a, b = worker("a"), worker("b")
         storage = optuna.storages.RDBStorage(optuna_url)

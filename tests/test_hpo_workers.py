@@ -9,8 +9,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import optuna
@@ -24,7 +22,8 @@ from maxout.hardware import DeviceInfo
 from maxout.hpo import auto_workers, placement, supervisor
 from maxout.train import batch_finder
 
-from .conftest import ROOT, fake_cuda, runs_in
+from . import warm_maxout
+from .conftest import fake_cuda, runs_in
 
 STUDY = "workers"
 
@@ -46,8 +45,9 @@ def study_overrides(store, data, epochs: int, trials: int) -> list[str]:
 
 def supervisor_process(store, overrides, workers="2"):
     log = open(store["dir"] / "supervisor.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "maxout", "hpo", *overrides, "--workers", workers, "--no-progress"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    # the supervisor forked warm (tests/warm_maxout.py); the workers it starts are fresh processes, as for a user
+    return warm_maxout.popen(["hpo", *overrides, "--workers", workers, "--no-progress"], stdout=log,
+                             stderr=warm_maxout.STDOUT)
 
 
 def journal_study(store):

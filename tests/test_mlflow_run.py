@@ -44,6 +44,18 @@ def engine():
         yield running
 
 
+@pytest.fixture(scope="module", autouse=True)
+def rootless(request, engine):
+    """The test user's rootless engine for test_rootless_docker, the module's last test: started, and the image
+    loaded into it, in the background from the module's first test on, while the tests before it mostly wait on
+    their containers (tests/rootless_engine.py). None where that test is not selected."""
+    if not any(item.name == "test_rootless_docker" for item in request.session.items):
+        yield None
+        return
+    with rootless_engine.ready_in_background(engine) as ready:
+        yield ready
+
+
 @pytest.fixture
 def project(engine):
     """A copy of the tree the test user owns, outside pytest's private temporary folder (see project_copy)."""
@@ -120,21 +132,6 @@ def test_the_embedded_store_as_root(engine, tmp_path):
     assert last.endswith(f"(tracking URI: {store})"), last
     assert_store_is_owned_by(project, 0)
     assert_trained_and_logged(the_only_run(store), store, hardware="auto")
-
-
-def test_rootless_docker(engine, project):
-    """Issue 38: the user's own rootless engine (tests/rootless_engine.py), `mlflow run . -P hardware=cpu` with no
-    `-A`. Inside the container the user's store is uid 0's and the job runs as that root, which is the user on the
-    host: FINISHED, the model logged, every file the run added the user's, the last line naming the host's store."""
-    store = f"sqlite:///{project / 'mlflow.db'}"
-    with rootless_engine.engine(engine) as rootless:
-        assert "rootless" in rootless.docker("info", "-f", "{{.SecurityOptions}}").stdout
-        result = run(rootless, project)
-    assert result.returncode == 0, result.stderr[-4000:]
-    last = [line for line in result.stdout.splitlines() if line.startswith("maxout: MLflow run ")][-1]
-    assert last.endswith(f"(tracking URI: {store})"), last
-    assert_store_is_owned_by(project, pwd.getpwnam(docker_engine.USER).pw_uid)
-    assert_trained_and_logged(the_only_run(store), store)
 
 
 def test_a_gpu_profile_without_gpus_all_says_what_to_add(engine, project):
@@ -249,3 +246,18 @@ def test_a_hub_model_downloads_inside_the_container_once_with_the_token_passed_b
         assert "-e HF_TOKEN -e HF_ENDPOINT" in result.stderr  # by name: docker copies the values
         assert HUB_TOKEN not in str(finished.data.params) + str(finished.data.tags)
         assert finished.data.params["derived.model_commit"] == commit  # the weights the run downloaded
+
+
+def test_rootless_docker(rootless, project):
+    """Issue 38: the user's own rootless engine (tests/rootless_engine.py), `mlflow run . -P hardware=cpu` with no
+    `-A`. Inside the container the user's store is uid 0's and the job runs as that root, which is the user on the
+    host: FINISHED, the model logged, every file the run added the user's, the last line naming the host's store."""
+    store = f"sqlite:///{project / 'mlflow.db'}"
+    own = rootless.result()  # made ready in the background since the module's first test (the rootless fixture above)
+    assert "rootless" in own.docker("info", "-f", "{{.SecurityOptions}}").stdout
+    result = run(own, project)
+    assert result.returncode == 0, result.stderr[-4000:]
+    last = [line for line in result.stdout.splitlines() if line.startswith("maxout: MLflow run ")][-1]
+    assert last.endswith(f"(tracking URI: {store})"), last
+    assert_store_is_owned_by(project, pwd.getpwnam(docker_engine.USER).pw_uid)
+    assert_trained_and_logged(the_only_run(store), store)

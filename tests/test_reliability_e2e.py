@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,20 +20,21 @@ from maxout.tracking import spool
 from maxout.tracking.tracker import NullTracker
 from maxout.train import Callback, train
 
-from . import services
-from .conftest import ROOT, runs_in
+from . import services, warm_maxout
+from .conftest import runs_in
 from .test_checkpointing import history, small
 
 pytestmark = pytest.mark.slow
 STEP_KEYS = ("train/loss", "train/lr", "train/epoch", "perf/window_samples_per_s")
 
 
-def start_train(overrides: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "maxout", "train", *overrides, "--no-progress"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def start_train(overrides: list[str]) -> warm_maxout.Process:
+    """`maxout train` in a process of its own (SIGKILLed, SIGTERMed, resumed), forked warm (tests/warm_maxout.py)."""
+    return warm_maxout.popen(["train", *overrides, "--no-progress"], stdout=warm_maxout.PIPE,
+                             stderr=warm_maxout.PIPE, start_new_session=True)
 
 
-def wait_for_checkpoint(root: Path, proc: subprocess.Popen, min_step: int, timeout_s: float = 600) -> Path:
+def wait_for_checkpoint(root: Path, proc: warm_maxout.Process, min_step: int, timeout_s: float = 600) -> Path:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = [p for p in root.glob("*/*/step-*.pt") if int(p.stem.split("-")[1]) >= min_step]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from maxout.optimizations import NAMES
 from maxout.paths import CPU_BF16_VAR
 from maxout.train import Callback
 
+from . import warm_maxout
 from .conftest import ROOT, TINY, load_pyfunc, runs_in
 
 CORE_METRICS = ["train/loss", "eval/loss", "eval/accuracy", "eval/macro_f1", "perf/it_per_s", "perf/samples_per_s",
@@ -144,9 +144,8 @@ def test_demo_project_with_minilm_learns_and_its_model_predicts_new_text(mlflow_
     import generate
 
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "maxout", "train", "hardware=auto", *mlflow_store["overrides"],
-                           "tracking.system_metrics=true", "train.epochs=2", "--no-progress"], cwd=ROOT,
-                          capture_output=True, text=True, env=native_precision_env())
+    proc = warm_maxout.run(["train", "hardware=auto", *mlflow_store["overrides"], "tracking.system_metrics=true",
+                            "train.epochs=2", "--no-progress"], env=native_precision_env())  # forked warm
     wall = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = only_run(mlflow_store["uri"])

@@ -1,0 +1,314 @@
+"""``maxout`` commands in processes of their own, forked from one process that imported the heavy libraries once.
+
+A test that starts ``python -m maxout ...`` pays ~5 CPU-s of imports (torch, transformers, MLflow, Optuna) before
+the command's first line, on the 2-core test machines; for the processes whose behaviour a test reads (exit codes,
+signals, a SIGKILL mid-run, a supervisor's workers), not their start-up, that is waste. :func:`popen` and
+:func:`run` give such a process for ~0.3 CPU-s instead: a per-test-process server (``python -m tests.warm_maxout``,
+started on first use, ended with its parent) imported maxout's command modules once, and forks one child per command.
+The child is what a fresh process that imported the same modules first would be, as in tests/job_race.py: its own
+pid, session (``start_new_session``), working folder, environment (the caller's, set before the command runs), and
+standard streams (the caller's pipes or files, passed over a Unix socket); it runs ``cli.run(argv)`` and exits as
+``python -m maxout`` does. Signals reach it directly (its pid is real); its exit status comes back through the socket.
+
+What it is not: a test of the interpreter's start-up (tests/test_cli.py keeps one: an unknown profile from a fresh
+``python -m maxout``), nor of settings read at import (the server imports with the caller's environment of that
+moment: tests that change HF_* variables, read by huggingface_hub at import, start fresh processes; test_hub.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPE, STDOUT = subprocess.PIPE, subprocess.STDOUT
+START_TIMEOUT_S = 300  # the server's imports: ~6 CPU-s, minutes only on a machine loaded far past its cores
+
+
+# ------------------------------------------------------------------------------------------------- the caller's side
+class Process:
+    """The part of subprocess.Popen the tests use, for a command the server forked: ``pid``, ``returncode``,
+    ``stdout``/``stderr`` (file objects where PIPE was asked), ``poll``, ``wait``, ``communicate``, ``send_signal``,
+    ``terminate``, ``kill``."""
+
+    def __init__(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Path = ROOT, stdout: Any = None,
+                 stderr: Any = None, text: bool = True, start_new_session: bool = False):
+        self.args = ["maxout", *argv]
+        self.returncode: Optional[int] = None
+        self.stdout: Optional[IO] = None
+        self.stderr: Optional[IO] = None
+        sent, mine = [], []  # the fds the child gets, and the ends of its pipes this process keeps
+        for name, spec in (("stdout", stdout), ("stderr", stderr)):
+            if spec == PIPE:
+                read, write = os.pipe()
+                setattr(self, name, open(read, "r" if text else "rb", **({"errors": "replace"} if text else {})))
+                sent.append(write)
+                mine.append(write)
+            elif spec == STDOUT:
+                sent.append(sent[0])
+            elif spec is None:
+                sent.append(1 if name == "stdout" else 2)
+            else:
+                sent.append(spec if isinstance(spec, int) else spec.fileno())
+        request = {"argv": list(argv), "env": dict(os.environ if env is None else env), "cwd": str(cwd),
+                   "new_session": start_new_session}
+        server = _server()
+        _check_import_time_settings(request["env"], server.settings)
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(str(server.path))
+        socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], [0, *sent])
+        for fd in mine:
+            os.close(fd)  # the child holds the write ends now: EOF when it exits
+        self._buffer = b""
+        self.pid = int(self._line(None))
+
+    def _line(self, timeout: Optional[float]) -> Optional[str]:
+        """The server's next line on this connection; None if none came within ``timeout`` (None: wait)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not select.select([self._conn], [], [], left)[0]:
+                return None
+            chunk = self._conn.recv(4096)
+            if not chunk:
+                raise RuntimeError(f"tests.warm_maxout: the server ended before {self.args} did")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def poll(self) -> Optional[int]:
+        return self._status(0)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        code = self._status(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return code
+
+    def _status(self, timeout: Optional[float]) -> Optional[int]:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is not None:
+                self.returncode = int(line)
+                self._conn.close()
+        return self.returncode
+
+    def communicate(self, timeout: Optional[float] = None) -> tuple:
+        """Everything the child writes to its pipes, read to their end, then its exit status, as Popen's."""
+        outputs: dict[str, Any] = {}
+        readers = [threading.Thread(target=lambda n=name, f=stream: outputs.__setitem__(n, f.read()), daemon=True)
+                   for name, stream in (("stdout", self.stdout), ("stderr", self.stderr)) if stream is not None]
+        for reader in readers:
+            reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.join(None if deadline is None else max(deadline - time.monotonic(), 0))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(deadline - time.monotonic(), 0.01))
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        return outputs.get("stdout"), outputs.get("stderr")
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(15)
+
+    def kill(self) -> None:
+        self.send_signal(9)
+
+
+def popen(argv: Sequence[str], **kwargs: Any) -> Process:
+    """``subprocess.Popen([python, "-m", "maxout", *argv], cwd=ROOT, text=True, **kwargs)``, forked warm."""
+    return Process(argv, **kwargs)
+
+
+def run(argv: Sequence[str], env: Optional[dict] = None, timeout: Optional[float] = None,
+        cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``subprocess.run([python, "-m", "maxout", *argv], capture_output=True, text=True, ...)``, forked warm; a
+    command still running at ``timeout`` is killed, as subprocess.run does."""
+    proc = Process(argv, env=env, cwd=cwd, stdout=PIPE, stderr=PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+# Read at import by the libraries the server imports (huggingface_hub's cache and offline switch, torch's and
+# transformers' own settings): a child cannot take other values from its environment, so a request that sets others
+# is refused. OpenMP's thread count, read when torch loads it, is set in the child instead (_become).
+IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class _Server:
+    def __init__(self, proc: subprocess.Popen, folder: Path):
+        self.proc, self.folder, self.path = proc, folder, folder / "socket"
+        self.settings = import_time_settings(os.environ)
+
+
+def import_time_settings(env) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+
+
+def _check_import_time_settings(env: dict, server: dict) -> None:
+    differ = sorted(set(import_time_settings(env).items()) ^ set(server.items()))
+    if differ:
+        raise ValueError(f"tests.warm_maxout: {sorted({k for k, _ in differ})} differ from the server's, which "
+                         f"imported with them: start this command as a fresh process")
+
+
+_SERVER: Optional[_Server] = None
+_LOCK = threading.Lock()
+
+
+def _server() -> _Server:
+    """This process's server, started on first use (its imports, once) and stopped at exit."""
+    global _SERVER
+    with _LOCK:
+        if _SERVER is None or _SERVER.proc.poll() is not None:
+            folder = Path(tempfile.mkdtemp(prefix="maxout-warm-"))
+            proc = subprocess.Popen([sys.executable, "-m", "tests.warm_maxout", str(folder / "socket")], cwd=ROOT,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+            ready = _read_ready(proc)
+            if ready != "ready":
+                proc.kill()
+                raise RuntimeError(f"tests.warm_maxout's server did not start: {ready!r}")
+            _SERVER = _Server(proc, folder)
+            atexit.register(_stop, _SERVER)
+        return _SERVER
+
+
+def _read_ready(proc: subprocess.Popen) -> str:
+    """The server's first line ("ready" once it listens), or what it said instead, within START_TIMEOUT_S."""
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline().strip()), daemon=True)
+    reader.start()
+    reader.join(START_TIMEOUT_S)
+    return line[0] if line else f"nothing within {START_TIMEOUT_S} s"
+
+
+def _stop(server: _Server) -> None:
+    import shutil
+
+    server.proc.kill()
+    server.proc.wait()
+    shutil.rmtree(server.folder, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------- the server's side
+def serve(path: Path) -> list[str]:
+    """Fork one child per request until the parent that started this server is gone. Returns only in a child: the
+    argv of the command it runs (the module's __main__ runs it, so that the child's stack holds nothing of this
+    loop). Each request's connection gets the child's pid, then its exit status once reaped (its pidfd readable)."""
+    import mlflow  # noqa: F401  (the imports a command makes, once, before any fork)
+    import optuna  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers.models.bert import modeling_bert  # noqa: F401  (the tiny model's classes)
+
+    from maxout import cli  # noqa: F401
+    from maxout.hpo import study  # noqa: F401
+    from maxout.registry import promotion  # noqa: F401
+    from maxout.serving import inference  # noqa: F401
+    from maxout.train import train  # noqa: F401
+
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    events = selectors.DefaultSelector()
+    events.register(listener, selectors.EVENT_READ)
+    children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, the request's connection)
+    print("ready", flush=True)
+    while os.getppid() == parent:
+        for key, _ in events.select(timeout=1.0):
+            if key.fileobj is listener:
+                conn = listener.accept()[0]
+                request, fds = _receive(conn)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    events.close()
+                    listener.close()
+                    for pidfd, (_, other) in children.items():
+                        os.close(pidfd)
+                        other.close()
+                    return _become(request, fds, conn)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(f"{pid}\n".encode())
+                pidfd = os.pidfd_open(pid)
+                children[pidfd] = (pid, conn)
+                events.register(pidfd, selectors.EVENT_READ)
+            else:
+                pidfd = key.fd
+                pid, conn = children.pop(pidfd)
+                events.unregister(pidfd)
+                os.close(pidfd)
+                status = os.waitpid(pid, 0)[1]
+                try:
+                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass  # the caller is gone
+                conn.close()
+    raise SystemExit(0)  # the parent ended: so does the server (its children run on, as they would)
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 4)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 16)
+        if not more:
+            raise ConnectionError("tests.warm_maxout: a request ended early")
+        data += more
+    return json.loads(data), list(fds)
+
+
+def _become(request: dict, fds: list[int], conn: socket.socket) -> list[str]:
+    """In the child: the request's session, streams, folder and environment, as a new process would have them."""
+    conn.close()
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in set(fds):
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    tempfile.tempdir = None  # read TMPDIR again: the server's imports may have cached its own
+    threads = next((request["env"][v] for v in THREAD_VARIABLES if request["env"].get(v, "").isdigit()), None)
+    if threads is not None and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))  # what OMP_NUM_THREADS gives a process that loads torch after it is set
+    sys.argv = [str(ROOT / "platform" / "maxout" / "__main__.py"), *request["argv"]]
+    return request["argv"]
+
+
+if __name__ == "__main__":
+    command = serve(Path(sys.argv[1]))
+    from maxout import cli
+
+    sys.exit(cli.run(command))
