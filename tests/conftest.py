@@ -167,12 +167,13 @@ def pytest_sessionfinish(session):
 @pytest.fixture(autouse=True)
 def _isolate(monkeypatch):
     """Run from the repo root (relative data paths), with no MLflow variables leaking in, and restore the
-    process-wide torch switches that optimizations flip, and sys.path: loading a model in-process puts its code/
+    process-wide torch switches that optimizations flip, the environment, and sys.path: loading a model in-process puts its code/
     folder first on sys.path (MLflow's pyfunc code paths), and a process spawned later inherits it. A fresh clone's
     run (-n 3) failed test_sharded_checkpoint that way: its spawned ranks imported maxout from
     tests/data/pickled_model/code, which test_pyfunc had loaded on the same worker."""
     from maxout import hub
 
+    environ = dict(os.environ)  # restored after the test, whatever it set (tests/warm_maxout.py compares its own)
     monkeypatch.setattr(sys, "path", list(sys.path))  # restored after the test, whatever it prepended
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("MAXOUT_ROOT", raising=False)
@@ -189,6 +190,9 @@ def _isolate(monkeypatch):
     torch.use_deterministic_algorithms(False)
     torch.backends.cudnn.deterministic = False
     torch.backends.cudnn.benchmark = False
+    if dict(os.environ) != environ:  # e.g. the GPU report's runner, built in-process, sets its compile threads
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 @pytest.fixture
