@@ -10,7 +10,8 @@ Per test, measured in the test's own process (each xdist worker reports its own 
   PostgreSQL/mlflow/moto/olah/nginx/dockerd waits of tests/services.py, hub_server.py, stack.py, docker_engine.py),
   or anything else (``waits``: polling for a file, a process, a run);
 - ``in-process``: the rest (training steps, imports, Hydra, MLflow client calls, ...);
-- the CPU seconds of this process and of its reaped children during the test (``cpu_self``, ``cpu_children``):
+- the CPU seconds of this process and of its reaped children during the test (``cpu_self``, ``cpu_children``; the
+  commands tests/warm_maxout.py forks count as children):
   on 2 cores, the CPU a test asks for is what parallel runs must share.
 
 Nothing here changes what a test does; it only reads clocks around calls that already happen.
@@ -106,6 +107,10 @@ def _patch() -> None:
 
     time.sleep = sleep
     subprocess.Popen.wait = timed(real_wait)
+    from tests import warm_maxout  # its commands' processes are the server's children: timed the same way
+
+    warm_maxout.Process.wait = timed(warm_maxout.Process.wait)
+    warm_maxout.Process.communicate = timed(warm_maxout.Process.communicate)
     _time_store_creation()
     subprocess.Popen.communicate = timed(real_communicate)
 
@@ -153,6 +158,7 @@ def pytest_runtest_protocol(item, nextitem):
     CLOCK.current = counter = collections.Counter()
     CLOCK.sleepers = collections.Counter()
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    warm0 = _warm_cpu_s()
     start = time.perf_counter()
     yield
     wall = time.perf_counter() - start
@@ -162,12 +168,19 @@ def pytest_runtest_protocol(item, nextitem):
               "split": dict(counter),
               "in-process": max(0.0, wall - sum(counter.values())),
               "cpu_self": (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime),
-              "cpu_children": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime),
+              "cpu_children": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
+              + _warm_cpu_s() - warm0,
               "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
               "sleepers": {k: round(v, 2) for k, v in CLOCK.sleepers.most_common(3) if v >= 0.5}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as out:
         out.write(json.dumps(record) + "\n")
+
+
+def _warm_cpu_s() -> float:
+    """The CPU of the commands tests/warm_maxout.py's server forked for this process, reaped so far."""
+    warm = sys.modules.get("tests.warm_maxout")
+    return warm.CHILDREN_CPU_S if warm is not None else 0.0
 
 
 def table(path: str) -> str:
