@@ -51,7 +51,7 @@ class Process:
         self.returncode: Optional[int] = None
         self.stdout: Optional[IO] = None
         self.stderr: Optional[IO] = None
-        sent, mine = [], []  # the fds the child gets, and the ends of its pipes this process keeps
+        sent, mine = [], []  # the fds the child gets; the write ends of new pipes, closed here once sent
         for name, spec in (("stdout", stdout), ("stderr", stderr)):
             if spec == PIPE:
                 read, write = os.pipe()
