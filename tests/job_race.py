@@ -20,15 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mlflow  # noqa: F401  (imported before the fork, so that the commands themselves start together)
-import optuna  # noqa: F401
-import torch  # noqa: F401
-import transformers  # noqa: F401
-
 from maxout import cli
-from maxout.hpo import study  # noqa: F401
-from maxout.registry import promotion  # noqa: F401
-from maxout.train import train  # noqa: F401
+
+from .warm_maxout import preload
+
+preload()  # before the fork, so that the commands themselves start together
 
 EXIT_CODES = "exit_codes.json"
 ROOT = Path(__file__).resolve().parents[1]

@@ -221,11 +221,9 @@ def _stop(server: _Server) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- the server's side
-def serve(path: Path) -> list[str]:
-    """Fork one child per request until the parent that started this server is gone. Returns only in a child: the
-    argv of the command it runs (the module's __main__ runs it, so that the child's stack holds nothing of this
-    loop). Each request's connection gets the child's pid, then its exit status once reaped (its pidfd readable)."""
-    import mlflow  # noqa: F401  (the imports a command makes, once, before any fork)
+def preload() -> None:
+    """The imports maxout's commands make, once, before any fork (here, and in tests/job_race.py)."""
+    import mlflow  # noqa: F401
     import optuna  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
@@ -237,6 +235,12 @@ def serve(path: Path) -> list[str]:
     from maxout.serving import inference  # noqa: F401
     from maxout.train import train  # noqa: F401
 
+
+def serve(path: Path) -> list[str]:
+    """Fork one child per request until the parent that started this server is gone. Returns only in a child: the
+    argv of the command it runs (the module's __main__ runs it, so that the child's stack holds nothing of this
+    loop). Each request's connection gets the child's pid, then its exit status once reaped (its pidfd readable)."""
+    preload()
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
