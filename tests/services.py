@@ -12,13 +12,14 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import pytest
+
+from . import warm_maxout
 
 PG_BIN = Path("/usr/lib/postgresql")
 
@@ -105,8 +106,7 @@ def mlflow_server(backend_uri: str, artifacts_destination: Optional[str] = None,
         from .store_template import new_store  # seconds of migrations saved; the server adds its own Default
 
         new_store(Path(backend_uri.removeprefix("sqlite:///")))
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd = ["server", "--backend-store-uri", backend_uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     if artifacts_destination:
         cmd += ["--artifacts-destination", artifacts_destination]
     cmd += list(extra_args)
@@ -116,7 +116,12 @@ def mlflow_server(backend_uri: str, artifacts_destination: Optional[str] = None,
     # MLflow 3's server also starts a GenAI job runner (several huey worker processes): not needed here, and
     # heavy on a 2-core machine.
     server_env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env, start_new_session=True)
+    # `python -m mlflow server ...` forked from tests/warm_maxout.py's pre-imported process, its uvicorn in the same
+    # process (warm_maxout.mlflow_command): a real server on its own port, pid and session, ~3 CPU-s and seconds of
+    # wall less per start than a fresh interpreter for the CLI and a second one for uvicorn. The platform stack
+    # (tests/stack.py) and the Docker tests' compose file start MLflow's CLI as it is, fresh.
+    proc = warm_maxout.popen(cmd, program="mlflow", stdout=log, stderr=subprocess.STDOUT, env=server_env,
+                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         try:

@@ -10,6 +10,9 @@ pid, session (``start_new_session``), working folder, environment (the caller's,
 standard streams (the caller's pipes or files, passed over a Unix socket); it runs ``cli.run(argv)`` and exits as
 ``python -m maxout`` does. Signals reach it directly (its pid is real); its exit status comes back through the socket.
 
+``popen(argv, program="mlflow")`` forks ``python -m mlflow ...`` the same way: tests/services.py's MLflow servers
+(:func:`mlflow_command`).
+
 What it is not: a test of the interpreter's start-up (tests/test_cli.py keeps one: an unknown profile from a fresh
 ``python -m maxout``), nor of settings read at import (the server imports with the caller's environment of that
 moment: tests that change HF_* variables, read by huggingface_hub at import, start fresh processes; test_hub.py).
@@ -46,8 +49,10 @@ class Process:
     ``terminate``, ``kill``."""
 
     def __init__(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Path = ROOT, stdout: Any = None,
-                 stderr: Any = None, text: bool = True, start_new_session: bool = False):
-        self.args = ["maxout", *argv]
+                 stderr: Any = None, text: bool = True, start_new_session: bool = False, program: str = "maxout"):
+        if program not in PROGRAMS:
+            raise ValueError(f"tests.warm_maxout: program={program!r} (valid: {', '.join(PROGRAMS)})")
+        self.args = [program, *argv]
         self.returncode: Optional[int] = None
         self.stdout: Optional[IO] = None
         self.stderr: Optional[IO] = None
@@ -64,10 +69,11 @@ class Process:
                 sent.append(1 if name == "stdout" else 2)
             else:
                 sent.append(spec if isinstance(spec, int) else spec.fileno())
-        request = {"argv": list(argv), "env": dict(os.environ if env is None else env), "cwd": str(cwd),
-                   "new_session": start_new_session}
+        request = {"program": program, "argv": list(argv), "env": dict(os.environ if env is None else env),
+                   "cwd": str(cwd), "new_session": start_new_session}
         server = _server()
-        _check_import_time_settings(request["env"], server.settings)
+        if program == "maxout":  # mlflow's server reads none of them (nor imports torch or transformers' models)
+            _check_import_time_settings(request["env"], server.settings)
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(str(server.path))
         socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], [0, *sent])
@@ -140,7 +146,8 @@ class Process:
 
 
 def popen(argv: Sequence[str], **kwargs: Any) -> Process:
-    """``subprocess.Popen([python, "-m", "maxout", *argv], cwd=ROOT, text=True, **kwargs)``, forked warm."""
+    """``subprocess.Popen([python, "-m", "maxout", *argv], cwd=ROOT, text=True, **kwargs)``, forked warm
+    (``program="mlflow"``: ``python -m mlflow``, see :func:`mlflow_command`)."""
     return Process(argv, **kwargs)
 
 
@@ -162,6 +169,7 @@ def run(argv: Sequence[str], env: Optional[dict] = None, timeout: Optional[float
 # transformers' own settings): a child cannot take other values from its environment, so a request that sets others
 # is refused. OpenMP's thread count, read when torch loads it, is set in the child instead (_become).
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH")
+PROGRAMS = ("maxout", "mlflow")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -238,7 +246,7 @@ def preload() -> None:
 
 def serve(path: Path) -> list[str]:
     """Fork one child per request until the parent that started this server is gone. Returns only in a child: the
-    argv of the command it runs (the module's __main__ runs it, so that the child's stack holds nothing of this
+    program and argv of the command it runs (the module's __main__ runs it, so that the child's stack holds nothing of this
     loop). Each request's connection gets the child's pid, then its exit status once reaped (its pidfd readable)."""
     preload()
     parent = os.getppid()
@@ -313,12 +321,44 @@ def _become(request: dict, fds: list[int], conn: socket.socket) -> list[str]:
         import torch
 
         torch.set_num_threads(int(threads))  # what OMP_NUM_THREADS gives a process that loads torch after it is set
-    sys.argv = [str(ROOT / "platform" / "maxout" / "__main__.py"), *request["argv"]]
-    return request["argv"]
+    if request["program"] == "mlflow":
+        sys.argv = ["mlflow", *request["argv"]]
+    else:
+        sys.argv = [str(ROOT / "platform" / "maxout" / "__main__.py"), *request["argv"]]
+    return [request["program"], *request["argv"]]
+
+
+def mlflow_command(argv: list[str]) -> int:
+    """``python -m mlflow ARGV``, as MLflow's console script runs it, with one difference: ``mlflow server`` runs its
+    uvicorn in this process instead of a second interpreter. MLflow's own CLI still parses the options, prepares the
+    stores and builds the server's environment and uvicorn's argv (mlflow.server._run_server); only the exec of
+    ``python -m uvicorn ...`` is replaced by uvicorn's CLI called here with the same argv and environment. With
+    ``--workers 1`` (the tests' servers) uvicorn serves in the process it starts in, so the server is one process:
+    ~3 CPU-s and seconds of wall less per start on the 2-core test machines, for a suite that starts a few dozen
+    (the fault tests stop and start servers mid-run, and wait for them). Signals reach uvicorn directly: SIGTERM
+    stops it gracefully, as MLflow's CLI forwarding SIGTERM to its uvicorn child did."""
+    import mlflow.server
+    from mlflow.cli import cli as mlflow_cli
+
+    spawn = mlflow.server._exec_cmd
+
+    def serve_here(cmd, extra_env=None, **kwargs):
+        if list(cmd[1:3]) != ["-m", "uvicorn"] or "--workers" not in cmd or cmd[cmd.index("--workers") + 1] != "1":
+            return spawn(cmd, extra_env=extra_env, **kwargs)  # anything else: as MLflow does it
+        from uvicorn.main import main as uvicorn_main
+
+        os.environ.update(extra_env or {})
+        sys.argv = ["uvicorn", *cmd[3:]]
+        return uvicorn_main.main(args=list(cmd[3:]), prog_name="uvicorn")  # returns by SystemExit when it stops
+
+    mlflow.server._exec_cmd = serve_here
+    return mlflow_cli.main(args=argv, prog_name="mlflow")
 
 
 if __name__ == "__main__":
-    command = serve(Path(sys.argv[1]))
+    program, *command = serve(Path(sys.argv[1]))
+    if program == "mlflow":
+        sys.exit(mlflow_command(command))
     from maxout import cli
 
     sys.exit(cli.run(command))
