@@ -282,3 +282,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def rank_processes(module: str):
+    """The multiprocessing context of the tests that start their ranks as Python functions (gloo collectives, FSDP
+    shards): forkserver. Like spawn, which they used, each rank is a process that shares no thread or state with this
+    one (an xdist worker runs execnet's threads, so a plain fork could inherit a held lock), and gets this process's
+    sys.path and folder at its start; unlike spawn, the ranks are forked from one server process that imported torch,
+    maxout's training modules and the test's ``module`` once (its first use in this process), not each rank itself:
+    ~5-7 CPU-s a rank on the 2-core test machines. The server keeps the environment it started with: the ranks set
+    their own variables (MASTER_ADDR, RANK, ...)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", "maxout.train", module])
+    return context

@@ -6,7 +6,6 @@ gloo processes (slow). End to end under torchrun: tests/test_distributed_e2e.py.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import random
 import socket
@@ -23,7 +22,7 @@ from maxout.train import checkpointing, distributed
 from maxout.train.callbacks import TrainState
 from maxout.train.distributed import World, combine_results, outcome, verdict
 
-from .conftest import TINY
+from .conftest import TINY, rank_processes
 from .store_template import new_store
 
 
@@ -385,7 +384,7 @@ def _rank_main(rank: int, port: int, results) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_processes_reduce_agree_and_name_the_rank_that_failed():
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes("tests.test_distributed")
     results, port = context.Queue(), _free_port()
     procs = [context.Process(target=_rank_main, args=(rank, port, results)) for rank in range(2)]
     for proc in procs:

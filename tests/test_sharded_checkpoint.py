@@ -13,7 +13,6 @@ to the same weights): tests/test_distributed_e2e.py.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
@@ -28,7 +27,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from maxout.train import checkpointing, resume, sharded_checkpoint
 
-from .conftest import TINY
+from .conftest import TINY, rank_processes
 from .test_faults import tmpfs
 
 FSDP = [*TINY, "train.max_steps=8", "distributed.strategy=fsdp", "hardware.precision=fp32", "train.batch_size=4",
@@ -170,7 +169,7 @@ def _results(procs, results, timeout_s: float = 600) -> dict:
 
 
 def _spawn(directory: Path, phase: str):
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes("tests.test_sharded_checkpoint")
     results, port = context.Queue(), _free_port()
     procs = [context.Process(target=_job, args=(r, port, str(directory), phase, results)) for r in range(2)]
     for proc in procs:
