@@ -167,9 +167,9 @@ def pytest_sessionfinish(session):
 @pytest.fixture(autouse=True)
 def _isolate(monkeypatch):
     """Run from the repo root (relative data paths), with no MLflow variables leaking in, and restore the
-    process-wide torch switches that optimizations flip, the environment, and sys.path: loading a model in-process puts its code/
-    folder first on sys.path (MLflow's pyfunc code paths), and a process spawned later inherits it. A fresh clone's
-    run (-n 3) failed test_sharded_checkpoint that way: its spawned ranks imported maxout from
+    process-wide torch switches that optimizations flip, the environment, and sys.path: loading a model in-process
+    puts its code/ folder first on sys.path (MLflow's pyfunc code paths), and a process spawned later inherits it.
+    A fresh clone's run (-n 3) failed test_sharded_checkpoint that way: its spawned ranks imported maxout from
     tests/data/pickled_model/code, which test_pyfunc had loaded on the same worker."""
     from maxout import hub
 

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import warm_maxout  # its commands' processes are its server's children: timed and counted here
+
 SERVER_WAITERS = {"wait_http", "_wait_port", "_start_daemon", "wait_port", "wait_for_port", "postgres",
                   "mlflow_server", "moto_s3", "hub_server", "gated", "server_process", "s3_process"}
 
@@ -107,8 +109,6 @@ def _patch() -> None:
 
     time.sleep = sleep
     subprocess.Popen.wait = timed(real_wait)
-    from tests import warm_maxout  # its commands' processes are the server's children: timed the same way
-
     warm_maxout.Process.wait = timed(warm_maxout.Process.wait)
     warm_maxout.Process.communicate = timed(warm_maxout.Process.communicate)
     _time_store_creation()
@@ -158,7 +158,7 @@ def pytest_runtest_protocol(item, nextitem):
     CLOCK.current = counter = collections.Counter()
     CLOCK.sleepers = collections.Counter()
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    warm0 = _warm_cpu_s()
+    warm0 = warm_maxout.CHILDREN_CPU_S
     start = time.perf_counter()
     yield
     wall = time.perf_counter() - start
@@ -169,18 +169,12 @@ def pytest_runtest_protocol(item, nextitem):
               "in-process": max(0.0, wall - sum(counter.values())),
               "cpu_self": (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime),
               "cpu_children": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
-              + _warm_cpu_s() - warm0,
+              + warm_maxout.CHILDREN_CPU_S - warm0,
               "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
               "sleepers": {k: round(v, 2) for k, v in CLOCK.sleepers.most_common(3) if v >= 0.5}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as out:
         out.write(json.dumps(record) + "\n")
-
-
-def _warm_cpu_s() -> float:
-    """The CPU of the commands tests/warm_maxout.py's server forked for this process, reaped so far."""
-    warm = sys.modules.get("tests.warm_maxout")
-    return warm.CHILDREN_CPU_S if warm is not None else 0.0
 
 
 def table(path: str) -> str:
