@@ -9,7 +9,7 @@ the plain study's real curves at hundreds of trials through Optuna's pruners on 
    queued in the same order into both), seeded deterministic training, each through the real CLI (`python -m maxout
    hpo ... --no-progress`), one MLflow store and one journal in a temporary folder:
    - plain: sequential, unpruned, no warm start (`hpo.workers=1 hpo.pruner.name=none hpo.warm_start=false`), torch's
-     default threads (OMP_NUM_THREADS is not set: that is how a plain user runs);
+     default threads (OMP_NUM_THREADS is not set: that is how a plain user runs; --threads N sets it for both);
    - maxout: its default HPO as shipped (`hpo=default`: its pruner, warm start, hpo.workers as the default says).
    The machine is shared and noisy, so the studies advance in segments (hpo.n_trials = 12, 24, 36, 48 joining the
    same study), alternating which goes first (P M, M P, P M, M P). A study's clock is the sum of its segments' wall
@@ -89,9 +89,13 @@ class Segment:
     log: str
 
 
-def run_segment(name: str, base: list[str], overrides: list[str], n_trials: int, out: Path) -> Segment:
-    # OMP_NUM_THREADS is left out for both: the plain user's torch default, and maxout's supervisor sets its own.
+def run_segment(name: str, base: list[str], overrides: list[str], n_trials: int, out: Path,
+                threads: Optional[int] = None) -> Segment:
+    # OMP_NUM_THREADS is left out for both unless --threads sets it: the plain user's torch default, and maxout's
+    # supervisor sets its own.
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     log = out / f"{name}-{n_trials}.log"
     started = dt.datetime.now()
     t0 = time.perf_counter()
@@ -126,7 +130,7 @@ def run_studies(args: argparse.Namespace, base: list[str], configs: list[dict], 
     for k, n_trials in enumerate(schedule(len(configs), args.segments)):
         order = ("plain", "maxout") if k % 2 == 0 else ("maxout", "plain")  # P M, M P, P M, M P
         for name in order:
-            segment = run_segment(name, base, studies[name], n_trials, out)
+            segment = run_segment(name, base, studies[name], n_trials, out, args.threads)
             print(f"  segment {k + 1}/{args.segments}: {name} to {n_trials} trials in {segment.wall_s:.0f} s",
                   flush=True)
             done.append(segment)
@@ -513,6 +517,9 @@ def parse(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--validation-rows", type=int, default=64)
     parser.add_argument("--segments", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="OMP_NUM_THREADS for both studies (default: unset, torch's own count, as a plain user runs; "
+                        "on a machine shared with other work, 1 keeps torch's threads from spinning against it)")
     parser.add_argument("--workers", default="", help="hpo.workers for the maxout study (default: as shipped)")
     parser.add_argument("--maxout-overrides", default="", help="more overrides for the maxout study")
     parser.add_argument("--replay-trials", type=int, default=240)
