@@ -355,6 +355,11 @@ def mlflow_run(engine: Engine, project: Path, args: Sequence[str], env: Optional
     user = pwd.getpwnam(as_user)
     base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir, "USER": as_user, "LOGNAME": as_user,
             "LANG": "C.UTF-8", **engine.env}
+    # The suite's thread cap (tests/conftest.py: one torch thread per process, the other worker shares the cores),
+    # which MLproject hands to the job by name as it would a user's: a tiny job took 18-21 CPU-s with torch's two
+    # threads spinning against a busy core, 12 with one (measured 2026-11-28).
+    if "OMP_NUM_THREADS" in os.environ:
+        base["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
     command = _as_user(user, engine.user_python, "-m", "mlflow", "run", ".", *args)
     result = subprocess.run(command, cwd=project, env={**base, **(env or {})}, capture_output=True, text=True,
                             timeout=timeout_s)

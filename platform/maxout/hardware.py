@@ -43,6 +43,7 @@ class DeviceInfo:
     cudnn_version: Optional[int] = None
     torch_version: str = ""
     cpu_count: int = 1
+    torch_threads: int = 1  # torch's intra-op threads (OMP_NUM_THREADS, else its own count of the cores)
     host_memory_gb: float = 0.0
     in_container: bool = False
     compiler: Optional[str] = None  # C compiler for torch.compile's CPU backend
@@ -162,7 +163,7 @@ def apply_device_share(device: DeviceInfo) -> float:
 def detect() -> DeviceInfo:
     info = DeviceInfo(
         kind="cpu", name=platform.processor() or platform.machine(), torch_version=torch.__version__,
-        cpu_count=_cpu_count(), host_memory_gb=round(psutil.virtual_memory().total / 2**30, 1),
+        cpu_count=_cpu_count(), torch_threads=torch.get_num_threads(), host_memory_gb=round(psutil.virtual_memory().total / 2**30, 1),
         in_container=in_container(), compiler=shutil.which("cc") or shutil.which("gcc"),
     )
     info.flash_attention_reason = "no CUDA device"

@@ -42,6 +42,7 @@ def config_params(cfg: Config) -> dict[str, str]:
 def device_params(dev: DeviceInfo) -> dict[str, str]:
     return {"device.kind": dev.kind, "device.name": dev.name, "device.count": str(dev.count),
             "device.memory_gb": str(dev.total_memory_gb), "device.cpu_count": str(dev.cpu_count),
+            "device.torch_threads": str(dev.torch_threads),
             "device.compute_capability": ".".join(map(str, dev.compute_capability or ())) or "none",
             "device.driver": str(dev.driver_version), "device.cuda": str(dev.cuda_version),
             "device.torch": dev.torch_version}
