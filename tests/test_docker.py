@@ -218,9 +218,11 @@ def test_mlproject_uses_the_image_make_builds_and_passes_the_hub_variables_by_na
     words = subprocess.run(["bash", "-c", "printf '%s\\n' " + " ".join(f"-e {k}={v}" for k, v in environment)],
                            env={"HF_TOKEN": "hf_secret", "PATH": "/usr/bin:/bin"},
                            cwd="/", capture_output=True, text=True, check=True).stdout.split()
-    # docker's by-name form: it copies HF_TOKEN and HF_ENDPOINT from its environment when they are set there; the
-    # token's value never reaches a command line (MLflow prints the command; docker's own argv is public in ps).
-    assert words[-4:] == ["-e", "HF_TOKEN", "-e", "HF_ENDPOINT"] and "hf_secret" not in " ".join(words)
+    # docker's by-name form: it copies HF_TOKEN, HF_ENDPOINT and OMP_NUM_THREADS from its environment when they are
+    # set there; the token's value never reaches a command line (MLflow prints the command; docker's own argv is
+    # public in ps).
+    assert words[-6:] == ["-e", "HF_TOKEN", "-e", "HF_ENDPOINT", "-e", "OMP_NUM_THREADS"]
+    assert "hf_secret" not in " ".join(words)
     assert "MAXOUT_HOST_DIR=/" in words  # bash expands ${PWD} (here /): the folder mlflow run starts in
     # The state volume (checkpoints outlive the container), the Hugging Face cache (the image's HF_HOME: the second
     # run downloads nothing), and the project folder at its own path (the embedded store's artifact paths hold
