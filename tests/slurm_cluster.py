@@ -119,11 +119,11 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen:
 
 # Latencies (the job tests wait on them): the main scheduling loop runs every second (sched_interval=1; an empty
 # queue of two nodes costs nothing) and a submitted batch job is not held back (batch_sched_delay=0), so a job starts
-# within about a second. KillWait is 60 s: the script's trap (`maxout tracking end-slurm-job`, a Python start-up
-# of some 10-15 s on a loaded machine, more under a load average of 5-10) must finish before slurmd SIGKILLs it; a
-# job whose processes end at once is not held by it. Note slurmd 22.05 checks a signalled
-# job's end every second for 10 s, then only every 10 s: a job that takes 11-20 s to end after scancel or requeue
-# is seen at 21 s (CANCELLED or PENDING comes then), a Slurm latency that no setting here shortens.
+# within about a second. KillWait is 60 s: the script's trap (`maxout tracking end-slurm-job`, a Python start-up that
+# reads its config without torch: 2.1 s on an idle machine, 3.5 s with it, several times that on a loaded one) must
+# finish before slurmd SIGKILLs it; a job whose processes end at once is not held by it. Note slurmd 22.05 checks a
+# signalled job's end every second for 10 s, then only every 10 s: a job that takes 11-20 s to end after scancel or
+# requeue is seen at 21 s (CANCELLED or PENDING comes then), a Slurm latency that no setting here shortens.
 SLURM_CONF = """\
 ClusterName=maxout
 SlurmctldHost={host}({ctl})

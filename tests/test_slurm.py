@@ -208,7 +208,10 @@ def test_training_script_is_what_torchrun_and_maxout_accept():
 
 def test_end_slurm_job_ends_only_that_jobs_running_runs(mlflow_store, capsys):
     """What the script's trap runs: the RUNNING runs tagged with the job end KILLED; another job's run and a
-    finished run of the job are left as they are."""
+    finished run of the job are left as they are. In a process of its own, as the trap starts it: it runs within
+    slurmd's KillWait, so it reads its config without torch (a second of start-up, more on a loaded node)."""
+    import subprocess
+
     import mlflow
 
     from maxout import cli
@@ -220,8 +223,13 @@ def test_end_slurm_job_ends_only_that_jobs_running_runs(mlflow_store, capsys):
         ids[name] = client.create_run(experiment, tags={"maxout.slurm_job_id": job}).info.run_id
         if finished:
             client.set_terminated(ids[name], "FINISHED")
-    assert cli.main(["tracking", "end-slurm-job", "17", *mlflow_store["overrides"]]) == 0
-    assert f"ended 1 running run(s) as KILLED: {ids['cancelled']}" in capsys.readouterr().out
+    probe = ("import sys; from maxout import cli; code = cli.main(sys.argv[1:]); "
+             "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules)); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", probe, "tracking", "end-slurm-job", "17", *mlflow_store["overrides"]],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said, imported = done.stdout.splitlines()
+    assert said.endswith(f"ended 1 running run(s) as KILLED: {ids['cancelled']}") and imported == "['mlflow']"
     status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
     assert status == {"cancelled": "KILLED", "other": "RUNNING", "done": "FINISHED"}
     assert cli.main(["tracking", "end-slurm-job", "$SLURM_JOB_ID"]) == 2

@@ -346,7 +346,7 @@ def cmd_tracking_end_slurm_job(args: argparse.Namespace) -> int:
     from .tracking.mlflow_run import end_running  # lazy: mlflow (start-up)
     from .tracking.tracker import SLURM_JOB_TAG  # lazy: with the command (start-up)
 
-    cfg = loading.load(split_overrides(args.overrides, args.overrides_string))
+    cfg = loading.load_without_device(split_overrides(args.overrides, args.overrides_string))  # tracking only
     ended = end_running(cfg.tracking, SLURM_JOB_TAG, args.job_id, "KILLED", f"Slurm job {args.job_id} stopped")
     print(f"maxout: Slurm job {args.job_id}: ended {len(ended)} running run(s) as KILLED"
           + (f": {', '.join(ended)}" if ended else ""))

@@ -80,6 +80,18 @@ def precheck(overrides: Sequence[str]) -> list[MaxoutError]:
     return problems
 
 
+def load_without_device(overrides: Sequence[str] = ()) -> Config:
+    """The typed config as composed, ``hardware=auto`` not resolved (the schema's defaults stand in for the profile
+    it would pick, as in precheck()), without importing torch: for a command that reads only sections no device
+    changes. A Slurm job's stop trap (`maxout tracking end-slurm-job`, tracking only) runs within slurmd's KillWait,
+    on a node that may be loaded: 1 s less of start-up there (torch, for the device a full load() detects)."""
+    problems = _environment()
+    cfg = to_typed(compose(list(overrides)), problems)
+    if problems:
+        raise combined(problems)
+    return cfg
+
+
 def _load(overrides: list[str], device: hardware.DeviceInfo, problems: list) -> Config:
     """Compose, resolve ``hardware=auto``, type; invalid values and the hardware mismatch go to ``problems``."""
     from . import hardware  # lazy: torch, see load()
