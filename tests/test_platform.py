@@ -232,7 +232,10 @@ def mlproject_runs(stack, tmp_path_factory):
     from mlflow.projects.utils import _create_run, get_entry_point_command
 
     project = load_project(str(ROOT))
-    host_env = {**stack.client_env("trainer"), "AWS_DEFAULT_REGION": "us-east-1", "HF_TOKEN": HF_TOKEN}
+    # The shell's thread cap, as a user sharing the host sets it (and the suite's own: its other worker shares the
+    # cores): MLproject passes it by name, like HF_TOKEN
+    host_env = {**stack.client_env("trainer"), "AWS_DEFAULT_REGION": "us-east-1", "HF_TOKEN": HF_TOKEN,
+                "OMP_NUM_THREADS": "1"}
     host_env.pop("HF_ENDPOINT", None)  # unset in this shell (conftest sets one): docker must then pass none
     saved = dict(os.environ)
     os.environ.clear()
@@ -299,6 +302,7 @@ def test_every_mlproject_entry_point_runs_as_the_container_would_run_it(mlprojec
         assert result.env["MLFLOW_TRACKING_USERNAME"] == "trainer"
         assert result.env["MLFLOW_TRACKING_PASSWORD"] == stack.users["trainer"]
         assert result.env["HF_TOKEN"] == HF_TOKEN and "HF_ENDPOINT" not in result.env
+        assert result.env["OMP_NUM_THREADS"] == "1"
         assert stack.users["trainer"] not in docker and HF_TOKEN not in docker + result.logged
         assert not [k for k in result.env if k.startswith(("AWS_ACCESS", "AWS_SECRET")) or k == "MLFLOW_S3_ENDPOINT_URL"]
         # The run MLflow created is the one maxout logged to: MLflow's parameters and maxout's side by side.
@@ -314,6 +318,7 @@ def test_every_mlproject_entry_point_runs_as_the_container_would_run_it(mlprojec
             assert "hpo/best_value" in run["metrics"], run
             continue
         assert run["params"]["cfg.model.name"] == "tiny" and "eval/accuracy" in run["metrics"]
+        assert run["params"]["device.torch_threads"] == "1"  # the cap held in the job
 
 
 # ------------------------------------------------------------------------------------------ credential scan
