@@ -518,8 +518,8 @@ def parse(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--segments", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
-                        help="OMP_NUM_THREADS for both studies (default: unset, torch's own count, as a plain user runs; "
-                        "on a machine shared with other work, 1 keeps torch's threads from spinning against it)")
+                        help="OMP_NUM_THREADS for both studies (default: unset, torch's own count, as a plain user "
+                        "runs; on a machine shared with other work, 1 keeps torch's threads from spinning against it)")
     parser.add_argument("--workers", default="", help="hpo.workers for the maxout study (default: as shipped)")
     parser.add_argument("--maxout-overrides", default="", help="more overrides for the maxout study")
     parser.add_argument("--replay-trials", type=int, default=240)

@@ -163,7 +163,8 @@ def apply_device_share(device: DeviceInfo) -> float:
 def detect() -> DeviceInfo:
     info = DeviceInfo(
         kind="cpu", name=platform.processor() or platform.machine(), torch_version=torch.__version__,
-        cpu_count=_cpu_count(), torch_threads=torch.get_num_threads(), host_memory_gb=round(psutil.virtual_memory().total / 2**30, 1),
+        cpu_count=_cpu_count(), torch_threads=torch.get_num_threads(),
+        host_memory_gb=round(psutil.virtual_memory().total / 2**30, 1),
         in_container=in_container(), compiler=shutil.which("cc") or shutil.which("gcc"),
     )
     info.flash_attention_reason = "no CUDA device"

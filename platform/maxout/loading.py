@@ -72,11 +72,7 @@ def precheck(overrides: Sequence[str]) -> list[MaxoutError]:
     torch, transformers and mlflow (ten); what needs the device (the picked profile, a GPU profile on a CPU) is
     load()'s."""
     problems: list[MaxoutError] = _environment()
-    try:
-        to_typed(compose(list(overrides)), problems)
-    except ConfigError:  # the composition itself failed: name every override that breaks it, as load() does
-        good = _composable(list(overrides), problems)
-        collect(problems, lambda: to_typed(compose(good), problems))
+    _as_composed(list(overrides), problems)
     return problems
 
 
@@ -86,10 +82,20 @@ def load_without_device(overrides: Sequence[str] = ()) -> Config:
     changes. A Slurm job's stop trap (`maxout tracking end-slurm-job`, tracking only) runs within slurmd's KillWait,
     on a node that may be loaded: 1 s less of start-up there (torch, for the device a full load() detects)."""
     problems = _environment()
-    cfg = to_typed(compose(list(overrides)), problems)
+    cfg = _as_composed(list(overrides), problems)
     if problems:
         raise combined(problems)
     return cfg
+
+
+def _as_composed(overrides: list[str], problems: list) -> Optional[Config]:
+    """The config composed as given and typed, no device involved; problems go to ``problems`` (None: no
+    composition succeeded)."""
+    try:
+        return to_typed(compose(overrides), problems)
+    except ConfigError:  # the composition itself failed: name every override that breaks it, as load() does
+        good = _composable(overrides, problems)
+        return collect(problems, lambda: to_typed(compose(good), problems))
 
 
 def _load(overrides: list[str], device: hardware.DeviceInfo, problems: list) -> Config:
