@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import types
 
@@ -193,6 +194,47 @@ def test_a_rank_s_outcome_says_whether_it_failed_broke_off_or_was_stopped():
 def test_rank_0_names_the_rank_that_broke_the_job(own, others, status, fragment):
     got_status, reason = verdict(own, others, wait_s=10)
     assert got_status == status and fragment in reason, reason
+
+
+class _RankZeroOfTwo(World):
+    """Rank 0 of a two-rank job whose rank 1 never leaves a word (SIGKILLed): records how long rank 0 waited."""
+
+    waits: list = []
+
+    def _store(self):
+        return object()
+
+    def report(self, outcome, store=None):
+        pass
+
+    def outcomes(self, wait_s, store=None):
+        self.waits.append(wait_s)
+        return {1: None}
+
+
+@pytest.mark.parametrize("error, waited", [
+    (RuntimeError("[pair.cc:537] Read error: Connection reset by peer"), distributed.REPORT_WAIT_S),
+    (KeyboardInterrupt(), distributed.STOPPED_WAIT_S),
+    ("terminated", distributed.STOPPED_WAIT_S),
+])
+def test_rank_0_stopped_by_the_launcher_waits_moments_for_a_silent_rank_and_a_broken_one_waits_longer(error,
+                                                                                                       waited):
+    """A launcher stop (scancel, pre-emption, torchrun stopping the job after a rank died) signals every rank at
+    once: the ranks that can still report do so at once, so rank 0 ends the run in ~2 s and not 10 (Slurm then
+    sees the job end in its first check). A collective that broke off still waits the full time for the rank that
+    broke it."""
+    from maxout.errors import Terminated
+
+    error = Terminated() if error == "terminated" else error
+    world, handler = _RankZeroOfTwo(size=2, backend="gloo"), signal.getsignal(signal.SIGTERM)
+    _RankZeroOfTwo.waits = []
+    try:
+        with pytest.raises(distributed.RankFailed, match=f"rank 1 lost: no word from it within {waited:g} s"):
+            with distributed.reporting_failures(world):
+                raise error
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # rank 0 ignores SIGTERM while it reports
+    assert _RankZeroOfTwo.waits == [waited] and distributed.STOPPED_WAIT_S < distributed.REPORT_WAIT_S
 
 
 def test_a_checkpoint_holds_every_rank_s_rng_and_each_rank_restores_its_own(tmp_path, cpu_device):

@@ -45,6 +45,13 @@ from ..hardware import DeviceInfo, nvml_index
 from ..tracking.store import resolve_uri
 
 REPORT_WAIT_S = 10.0  # how long rank 0 waits for the other ranks' outcomes before it calls a silent rank lost
+# ... when the launcher stopped rank 0 itself (SIGTERM, Ctrl-C). The launcher signals every rank at once, so a rank
+# that can still report does so within moments, and a rank that failed first left its word before it exited (its
+# exit is what made torchrun stop the rest). A rank silent by then was killed with the job (srun SIGKILLs a step's
+# tasks) or sits in a collective rank 0 has left, and only rank 0's exit frees it: waiting longer changes no verdict
+# and holds the whole job. A scancel'd or requeued Slurm job was seen ended at ~5 s when it took under 10 s, and at
+# 21 s when it took rank 0's full 10 s (issue 36).
+STOPPED_WAIT_S = 2.0
 RUN_FILE_ENV = "MAXOUT_RUN_FILE"  # set by `maxout train --nproc-per-node`: rank 0 writes its run id there (launch.py)
 # Throughput adds up over the ranks; per-step rates (it/s) and the step count are the same on every rank.
 SUMMED = ("perf/samples_per_s", "perf/tokens_per_s", "perf/steady_samples_per_s", "perf/steady_tokens_per_s",
@@ -365,6 +372,8 @@ def reporting_failures(world: World, wait_s: float = REPORT_WAIT_S) -> Iterator[
         if not world.is_main:
             raise
         # Rank 0's own error needs no one else's word; as a bystander it waits for the rank that broke the job.
+        if own.startswith("stopped|"):
+            wait_s = min(wait_s, STOPPED_WAIT_S)
         others = {} if own.startswith("failed|") else world.outcomes(wait_s, store)
         status, reason = verdict(own, others, wait_s)
         if status == "KILLED":
