@@ -214,15 +214,15 @@ class _RankZeroOfTwo(World):
 
 @pytest.mark.parametrize("error, waited", [
     (RuntimeError("[pair.cc:537] Read error: Connection reset by peer"), distributed.REPORT_WAIT_S),
-    (KeyboardInterrupt(), distributed.STOPPED_WAIT_S),
+    (KeyboardInterrupt(), distributed.REPORT_WAIT_S),
     ("terminated", distributed.STOPPED_WAIT_S),
 ])
 def test_rank_0_stopped_by_the_launcher_waits_moments_for_a_silent_rank_and_a_broken_one_waits_longer(error,
                                                                                                        waited):
-    """A launcher stop (scancel, pre-emption, torchrun stopping the job after a rank died) signals every rank at
-    once: the ranks that can still report do so at once, so rank 0 ends the run in ~2 s and not 10 (Slurm then
+    """A launcher's SIGTERM (scancel, pre-emption, torchrun stopping the job after a rank died) reaches every rank
+    at once: the ranks that can still report do so at once, so rank 0 ends the run in ~2 s and not 10 (Slurm then
     sees the job end in its first check). A collective that broke off still waits the full time for the rank that
-    broke it."""
+    broke it, and so does Ctrl-C, where a person is watching."""
     from maxout.errors import Terminated
 
     error = Terminated() if error == "terminated" else error

@@ -45,12 +45,14 @@ from ..hardware import DeviceInfo, nvml_index
 from ..tracking.store import resolve_uri
 
 REPORT_WAIT_S = 10.0  # how long rank 0 waits for the other ranks' outcomes before it calls a silent rank lost
-# ... when the launcher stopped rank 0 itself (SIGTERM, Ctrl-C). The launcher signals every rank at once, so a rank
-# that can still report does so within moments, and a rank that failed first left its word before it exited (its
-# exit is what made torchrun stop the rest). A rank silent by then was killed with the job (srun SIGKILLs a step's
-# tasks) or sits in a collective rank 0 has left, and only rank 0's exit frees it: waiting longer changes no verdict
-# and holds the whole job. A scancel'd or requeued Slurm job was seen ended at ~5 s when it took under 10 s, and at
-# 21 s when it took rank 0's full 10 s (issue 36).
+# ... when a launcher or scheduler stopped rank 0 itself with SIGTERM (torchrun once a rank failed, scancel, a
+# requeue or pre-emption, Kubernetes), which signals every rank at once and SIGKILLs what is left after its grace:
+# a rank that can still report does so within moments, and a rank that failed first left its word before it exited
+# (its exit is what made torchrun stop the rest). A rank silent by then was killed with the job (srun SIGKILLs a
+# step's tasks) or sits in a collective rank 0 has left, and only rank 0's exit frees it: waiting longer changes no
+# verdict and holds the whole job. A scancel'd or requeued Slurm job was seen ended at ~5 s when it took under
+# 10 s, and at 21 s when it took rank 0's full 10 s (issue 36). Ctrl-C keeps the full wait: a person is watching,
+# and a rank deep in a long CPU step answers its SIGINT only when the step's kernel returns.
 STOPPED_WAIT_S = 2.0
 RUN_FILE_ENV = "MAXOUT_RUN_FILE"  # set by `maxout train --nproc-per-node`: rank 0 writes its run id there (launch.py)
 # Throughput adds up over the ranks; per-step rates (it/s) and the step count are the same on every rank.
@@ -372,7 +374,7 @@ def reporting_failures(world: World, wait_s: float = REPORT_WAIT_S) -> Iterator[
         if not world.is_main:
             raise
         # Rank 0's own error needs no one else's word; as a bystander it waits for the rank that broke the job.
-        if own.startswith("stopped|"):
+        if own == "stopped|SIGTERM":
             wait_s = min(wait_s, STOPPED_WAIT_S)
         others = {} if own.startswith("failed|") else world.outcomes(wait_s, store)
         status, reason = verdict(own, others, wait_s)
