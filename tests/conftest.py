@@ -42,6 +42,11 @@ MLFLOW_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIME
 
 # Tiny, fast, CPU: what most tests train with.
 TINY = ["hardware=cpu", "model=tiny", "tracking=none", "train.max_steps=3", "train.epochs=1", "train.log_every=1"]
+# `python -c HEAVY_IMPORTS_PROBE COMMAND ARGS...`: runs one maxout command in a fresh interpreter, then prints which
+# of torch, transformers and mlflow it imported (a sorted list) and exits with the command's code
+HEAVY_IMPORTS_PROBE = ("import sys; from maxout import cli; code = cli.main(sys.argv[1:]); "
+                       "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules)); "
+                       "sys.exit(code)")
 
 
 # pytest-xdist (make test: -n 2 --dist loadgroup) runs each group's tests on one worker. The groups: the Docker

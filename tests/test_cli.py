@@ -12,7 +12,7 @@ from maxout import cli
 from maxout.errors import ConfigError
 
 from . import warm_maxout
-from .conftest import ROOT, runs_in
+from .conftest import HEAVY_IMPORTS_PROBE, ROOT, runs_in
 
 TINY_LOCAL = ["model=tiny", "train.max_steps=1"]
 
@@ -165,10 +165,8 @@ def test_version_and_the_config_groups_in_help(capsys):
 ])
 def test_a_bad_override_is_refused_before_torch_transformers_or_mlflow_is_imported(overrides, message):
     """The refusal's speed is measured in benchmarks/cli_refusal.py; here, what makes it fast: nothing heavy loads."""
-    probe = ("import sys; from maxout import cli; code = cli.main(sys.argv[1:]); "
-             "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules)); sys.exit(code)")
-    done = subprocess.run([sys.executable, "-c", probe, "train", *overrides], capture_output=True, text=True,
-                          cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", HEAVY_IMPORTS_PROBE, "train", *overrides], capture_output=True,
+                          text=True, cwd=ROOT)
     assert done.returncode == 2 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
 

@@ -22,7 +22,7 @@ from maxout.errors import ConfigError
 from maxout.launch import slurm
 
 from . import slurm_cluster
-from .conftest import ROOT, runs_in, two_invocations_shared_one_study
+from .conftest import HEAVY_IMPORTS_PROBE, ROOT, runs_in, two_invocations_shared_one_study
 
 pytestmark = pytest.mark.slow
 JOB_ENV = {"GLOO_SOCKET_IFNAME": "eth0", "HF_HUB_OFFLINE": "1"}
@@ -223,10 +223,8 @@ def test_end_slurm_job_ends_only_that_jobs_running_runs(mlflow_store, capsys):
         ids[name] = client.create_run(experiment, tags={"maxout.slurm_job_id": job}).info.run_id
         if finished:
             client.set_terminated(ids[name], "FINISHED")
-    probe = ("import sys; from maxout import cli; code = cli.main(sys.argv[1:]); "
-             "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules)); sys.exit(code)")
-    done = subprocess.run([sys.executable, "-c", probe, "tracking", "end-slurm-job", "17", *mlflow_store["overrides"]],
-                          capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", HEAVY_IMPORTS_PROBE, "tracking", "end-slurm-job", "17",
+                           *mlflow_store["overrides"]], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     said, imported = done.stdout.splitlines()
     assert said.endswith(f"ended 1 running run(s) as KILLED: {ids['cancelled']}") and imported == "['mlflow']"
