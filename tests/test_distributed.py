@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from maxout import hardware, loading
-from maxout.errors import DataError
+from maxout.errors import DataError, Terminated
 from maxout.insight import hardware_report
 from maxout.optimizations import accumulation, bucketing, data_parallel
 from maxout.train import checkpointing, distributed
@@ -170,8 +170,6 @@ def test_one_process_world_passes_values_through():
 
 
 def test_a_rank_s_outcome_says_whether_it_failed_broke_off_or_was_stopped():
-    from maxout.errors import Terminated
-
     assert outcome(None) == "done|"
     assert outcome(Terminated()) == "stopped|SIGTERM"
     assert outcome(ValueError("bad row\nmore")) == "failed|ValueError: bad row"
@@ -215,7 +213,7 @@ class _RankZeroOfTwo(World):
 @pytest.mark.parametrize("error, waited", [
     (RuntimeError("[pair.cc:537] Read error: Connection reset by peer"), distributed.REPORT_WAIT_S),
     (KeyboardInterrupt(), distributed.REPORT_WAIT_S),
-    ("terminated", distributed.STOPPED_WAIT_S),
+    (Terminated(), distributed.STOPPED_WAIT_S),
 ])
 def test_rank_0_stopped_by_the_launcher_waits_moments_for_a_silent_rank_and_a_broken_one_waits_longer(error,
                                                                                                        waited):
@@ -223,9 +221,6 @@ def test_rank_0_stopped_by_the_launcher_waits_moments_for_a_silent_rank_and_a_br
     at once: the ranks that can still report do so at once, so rank 0 ends the run in ~2 s and not 10 (Slurm then
     sees the job end in its first check). A collective that broke off still waits the full time for the rank that
     broke it, and so does Ctrl-C, where a person is watching."""
-    from maxout.errors import Terminated
-
-    error = Terminated() if error == "terminated" else error
     world, handler = _RankZeroOfTwo(size=2, backend="gloo"), signal.getsignal(signal.SIGTERM)
     _RankZeroOfTwo.waits = []
     try:

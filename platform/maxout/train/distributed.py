@@ -374,7 +374,7 @@ def reporting_failures(world: World, wait_s: float = REPORT_WAIT_S) -> Iterator[
         if not world.is_main:
             raise
         # Rank 0's own error needs no one else's word; as a bystander it waits for the rank that broke the job.
-        if own == "stopped|SIGTERM":
+        if isinstance(err, Terminated):
             wait_s = min(wait_s, STOPPED_WAIT_S)
         others = {} if own.startswith("failed|") else world.outcomes(wait_s, store)
         status, reason = verdict(own, others, wait_s)
