@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,8 @@ from maxout.registry import promotion as registry_promotion
 from maxout.config import Config, RegistryConfig, TrackingConfig
 from maxout.errors import MaxoutError
 
-from .conftest import ROOT, runs_in
+from . import warm_maxout
+from .conftest import runs_in
 from .store_template import new_store
 
 
@@ -148,8 +148,8 @@ class Holder:
     """A promotion lock held by another process (tests/lock_holder.py) until ``kill()``: a holder that dies."""
 
     def __init__(self, uri: str, name: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.lock_holder", uri, name], cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = warm_maxout.popen([uri, name], program="tests.lock_holder", stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE)
         line = self.proc.stdout.readline()
         assert line.startswith("held "), line
         self.owner = line.split()[1]

@@ -7,8 +7,6 @@ lock's mutual exclusion observed directly."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,7 +16,7 @@ from maxout.registry import client as registry_client
 from maxout.registry import lock as registry_lock
 from maxout.registry import promotion as registry_promotion
 
-from .conftest import ROOT
+from . import warm_maxout
 from .services import create_database, postgres
 from .store_template import new_store
 from .test_registry import Holder, candidate, cfg_for, lock_leftovers, offer
@@ -33,8 +31,7 @@ def race(uri: str, name: str = "race") -> None:
     client = registry_client.connect(uri)
     store = {"client": client, "experiment": client.create_experiment(f"{name}-experiment")}
     candidates = [[*candidate(store, v), v] for v in VALUES]
-    proc = subprocess.run([sys.executable, "-m", "tests.registry_race", uri, name, json.dumps(candidates)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = warm_maxout.run([uri, name, json.dumps(candidates)], program="tests.registry_race", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["exitcodes"] == [0] * 8 and len(result["pids"]) == 8
@@ -118,8 +115,7 @@ def test_the_tag_lock_admits_one_holder_at_a_time_under_contention(tmp_path):
     uri = new_store(tmp_path / "mlflow.db")
     client = registry_client.connect(uri)
     client.create_registered_model("stress")
-    proc = subprocess.run([sys.executable, "-m", "tests.lock_stress", uri, "stress", "5", "3", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = warm_maxout.run([uri, "stress", "5", "3", str(tmp_path)], program="tests.lock_stress", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"counter": 15, "overlaps": 0, "exitcodes": [0] * 5}
     assert lock_leftovers(client, "stress") == []

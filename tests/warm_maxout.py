@@ -11,7 +11,8 @@ standard streams (the caller's pipes or files, passed over a Unix socket); it ru
 ``python -m maxout`` does. Signals reach it directly (its pid is real); its exit status comes back through the socket.
 
 ``popen(argv, program="mlflow")`` forks ``python -m mlflow ...`` the same way: tests/services.py's MLflow servers
-(:func:`mlflow_command`).
+(:func:`mlflow_command`). ``program="tests.job_race"`` (any of :data:`HELPERS`) forks ``python -m tests.job_race ...``:
+the tests' own multi-process drivers, which import maxout or MLflow and then fork or hold a lock themselves.
 
 What it is not: a test of the interpreter's start-up (tests/test_cli.py keeps one: an unknown profile from a fresh
 ``python -m maxout``), nor of settings read at import (the server imports with the caller's environment of that
@@ -50,14 +51,23 @@ class Process:
     ``terminate``, ``kill``."""
 
     def __init__(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Path = ROOT, stdout: Any = None,
-                 stderr: Any = None, text: bool = True, start_new_session: bool = False, program: str = "maxout"):
+                 stderr: Any = None, text: bool = True, start_new_session: bool = False, program: str = "maxout",
+                 stdin: Any = None):
         if program not in PROGRAMS:
             raise ValueError(f"tests.warm_maxout: program={program!r} (valid: {', '.join(PROGRAMS)})")
         self.args = [program, *argv]
         self.returncode: Optional[int] = None
+        self.stdin: Optional[IO] = None
         self.stdout: Optional[IO] = None
         self.stderr: Optional[IO] = None
-        sent, mine = [], []  # the fds the child gets; the write ends of new pipes, closed here once sent
+        sent, mine = [], []  # the fds the child gets (0, 1, 2); the child's ends of new pipes, closed here once sent
+        if stdin == PIPE:
+            read, write = os.pipe()
+            self.stdin = open(write, "w" if text else "wb")
+            sent.append(read)
+            mine.append(read)
+        else:
+            sent.append(0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno())
         for name, spec in (("stdout", stdout), ("stderr", stderr)):
             if spec == PIPE:
                 read, write = os.pipe()
@@ -65,7 +75,7 @@ class Process:
                 sent.append(write)
                 mine.append(write)
             elif spec == STDOUT:
-                sent.append(sent[0])
+                sent.append(sent[1])
             elif spec is None:
                 sent.append(1 if name == "stdout" else 2)
             else:
@@ -73,13 +83,13 @@ class Process:
         request = {"program": program, "argv": list(argv), "env": dict(os.environ if env is None else env),
                    "cwd": str(cwd), "new_session": start_new_session}
         server = _server()
-        if program == "maxout":  # mlflow's server reads none of them (nor imports torch or transformers' models)
+        if program != "mlflow":  # mlflow's server reads none of them (nor imports torch or transformers' models)
             _check_import_time_settings(request["env"], server.settings)
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(str(server.path))
-        socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], [0, *sent])
+        socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], sent)
         for fd in mine:
-            os.close(fd)  # the child holds the write ends now: EOF when it exits
+            os.close(fd)  # the child holds them now: EOF here when it exits, and there when self.stdin closes
         self._buffer = b""
         self.pid = int(self._line(None))
 
@@ -130,7 +140,7 @@ class Process:
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
         self.wait(None if deadline is None else max(deadline - time.monotonic(), 0.01))
-        for stream in (self.stdout, self.stderr):
+        for stream in (self.stdin, self.stdout, self.stderr):
             if stream is not None:
                 stream.close()
         return outputs.get("stdout"), outputs.get("stderr")
@@ -153,10 +163,10 @@ def popen(argv: Sequence[str], **kwargs: Any) -> Process:
 
 
 def run(argv: Sequence[str], env: Optional[dict] = None, timeout: Optional[float] = None,
-        cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``subprocess.run([python, "-m", "maxout", *argv], capture_output=True, text=True, ...)``, forked warm; a
+        cwd: Path = ROOT, program: str = "maxout") -> subprocess.CompletedProcess:
+    """``subprocess.run([python, "-m", program, *argv], capture_output=True, text=True, ...)``, forked warm; a
     command still running at ``timeout`` is killed, as subprocess.run does."""
-    proc = Process(argv, env=env, cwd=cwd, stdout=PIPE, stderr=PIPE)
+    proc = Process(argv, env=env, cwd=cwd, stdout=PIPE, stderr=PIPE, program=program)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -170,7 +180,10 @@ def run(argv: Sequence[str], env: Optional[dict] = None, timeout: Optional[float
 # transformers' own settings): a child cannot take other values from its environment, so a request that sets others
 # is refused. OpenMP's thread count, read when torch loads it, is set in the child instead (_become).
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH")
-PROGRAMS = ("maxout", "mlflow")
+# The tests' own drivers, run as ``python -m NAME ARGV`` would run them (runpy, as __main__): each imports only what
+# the server imported already (maxout, MLflow), then forks its own children or holds a lock.
+HELPERS = ("tests.job_race", "tests.registry_race", "tests.lock_stress", "tests.lock_holder")
+PROGRAMS = ("maxout", "mlflow", *HELPERS)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -341,6 +354,8 @@ def _become(request: dict, fds: list[int], conn: socket.socket) -> list[str]:
         torch.set_num_threads(int(threads))  # what OMP_NUM_THREADS gives a process that loads torch after it is set
     if request["program"] == "mlflow":
         sys.argv = ["mlflow", *request["argv"]]
+    elif request["program"] in HELPERS:
+        sys.argv = [request["program"], *request["argv"]]  # runpy puts the module's file first, as -m does
     else:
         sys.argv = [str(ROOT / "platform" / "maxout" / "__main__.py"), *request["argv"]]
     return [request["program"], *request["argv"]]
@@ -377,6 +392,11 @@ if __name__ == "__main__":
     program, *command = serve(Path(sys.argv[1]))
     if program == "mlflow":
         sys.exit(mlflow_command(command))
+    if program in HELPERS:
+        import runpy
+
+        runpy.run_module(program, run_name="__main__", alter_sys=True)
+        sys.exit(0)
     from maxout import cli
 
     sys.exit(cli.run(command))
