@@ -20,6 +20,7 @@ import requests
 from maxout import cli
 from maxout.registry import client as registry_client
 
+from . import warm_maxout
 from .conftest import MLFLOW_VARS, ROOT, TINY, load_pyfunc
 from .services import free_port, mlflow_server, stop, wait_http
 from .test_registry import candidate, lock_leftovers
@@ -155,15 +156,15 @@ def test_bad_predict_input_is_one_line_and_leaves_the_registry_as_it_was(case, s
 
 @pytest.fixture(scope="module")
 def served(server, trained, tmp_path_factory):
-    """`mlflow models serve` for the champion, as a real process, started once for the module."""
+    """`mlflow models serve` for the champion, as a process of its own, started once for the module: MLflow's CLI
+    and its uvicorn scoring server forked warm (tests/warm_maxout.py), in one process as `--workers 1` runs them."""
     port = free_port()
-    bin_dir = str(Path(sys.executable).parent)  # the server execs `uvicorn` from PATH: this venv's
-    env = {**os.environ, "MLFLOW_TRACKING_URI": server, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server}
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", CHAMPION_URI,
-                                 "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = warm_maxout.popen(["models", "serve", "-m", CHAMPION_URI, "--env-manager", "local", "--workers", "1",
+                                  "-h", "127.0.0.1", "-p", str(port)], program="mlflow",
+                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         try:

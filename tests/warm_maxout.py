@@ -83,7 +83,7 @@ class Process:
         request = {"program": program, "argv": list(argv), "env": dict(os.environ if env is None else env),
                    "cwd": str(cwd), "new_session": start_new_session}
         server = _server()
-        if program != "mlflow":  # mlflow's server reads none of them (nor imports torch or transformers' models)
+        if program in RUN_MAXOUT_COMMANDS:
             _check_import_time_settings(request["env"], server.settings)
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(str(server.path))
@@ -180,10 +180,18 @@ def run(argv: Sequence[str], env: Optional[dict] = None, timeout: Optional[float
 # transformers' own settings): a child cannot take other values from its environment, so a request that sets others
 # is refused. OpenMP's thread count, read when torch loads it, is set in the child instead (_become).
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH")
+# ... except those read where they are used: inductor's cache folder is read at each compile, and the first compile
+# in a process writes the default back into os.environ (torch/_inductor/runtime/cache_dir_utils.py), so a test
+# process that compiled once would otherwise differ from its server for the rest of the session
+READ_AT_USE = ("TORCHINDUCTOR_CACHE_DIR",)
 # The tests' own drivers, run as ``python -m NAME ARGV`` would run them (runpy, as __main__): each imports only what
 # the server imported already (maxout, MLflow), then forks its own children or holds a lock.
 HELPERS = ("tests.job_race", "tests.registry_race", "tests.lock_stress", "tests.lock_holder")
 PROGRAMS = ("maxout", "mlflow", *HELPERS)
+# The programs that run maxout commands, which may reach the Hub or read torch's settings: a request whose
+# IMPORT_TIME_PREFIXES settings differ from the server's is refused. The others read none of them: MLflow's server,
+# its scoring server (a logged model's local files), and the registry's lock and race drivers.
+RUN_MAXOUT_COMMANDS = ("maxout", "tests.job_race")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -194,7 +202,7 @@ class _Server:
 
 
 def import_time_settings(env) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in READ_AT_USE}
 
 
 def _check_import_time_settings(env: dict, server: dict) -> None:
@@ -385,7 +393,34 @@ def mlflow_command(argv: list[str]) -> int:
         return uvicorn_main.main(args=list(cmd[3:]), prog_name="uvicorn")  # returns by SystemExit when it stops
 
     mlflow.server._exec_cmd = serve_here
+    _score_here()
     return mlflow_cli.main(args=argv, prog_name="mlflow")
+
+
+def _score_here() -> None:
+    """``mlflow models serve --env-manager local``'s scoring server in this process, as ``mlflow server``'s uvicorn
+    above: MLflow's backend downloads the model and builds the command and its environment (``bash -c "exec uvicorn
+    --workers 1 ... mlflow.pyfunc.scoring_server.app:app"``, the model's path in the environment); uvicorn's CLI then
+    runs here with them instead of in a new interpreter that imports torch and transformers again (~6 CPU-s). The
+    parent-death signal MLflow sets on that child has no child to watch here."""
+    import shlex
+    import types
+
+    from mlflow.pyfunc import backend
+
+    def popen(cmd, env=None, **kwargs):
+        words = shlex.split(cmd[2]) if list(cmd[:2]) == ["bash", "-c"] else []
+        if words[:2] != ["exec", "uvicorn"] or words[-1] != "mlflow.pyfunc.scoring_server.app:app" \
+                or "--workers" not in words or words[words.index("--workers") + 1] != "1":
+            return subprocess.Popen(cmd, env=env, **kwargs)  # anything else: as MLflow does it
+        from uvicorn.main import main as uvicorn_main
+
+        os.environ.clear()
+        os.environ.update(env or {})
+        sys.argv = ["uvicorn", *words[2:]]
+        return uvicorn_main.main(args=words[2:], prog_name="uvicorn")  # returns by SystemExit when it stops
+
+    backend.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": popen})
 
 
 if __name__ == "__main__":
