@@ -4,6 +4,7 @@ runs with HF_HUB_OFFLINE=1 unless it opts out (tests/test_hub.py)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -153,6 +154,22 @@ def _engine_handoff() -> Path:
     from . import docker_engine  # lazy: it imports this module
 
     return docker_engine.ENGINE_DIR / f"handoff-{os.getpid()}.json"
+
+
+_FROZEN_FOR: list = [None]  # the module whose first test froze the heap last
+
+
+def pytest_runtest_setup(item):
+    """At each module's first test, the heap is collected once and frozen (gc.freeze): what is alive then (the
+    libraries, the test modules, session fixtures and caches) outlives the module, and the automatic full
+    collections during its tests then traverse only what they made, not the ~1.3 million objects before them.
+    Six modules' in-process tests: 12.0 CPU-s of full collections, 7.7 with this (measured 2026-11-28). The previous
+    module's fixtures are finalized by then, so none of their cycles is frozen; objects frozen here that die later
+    stay until the process ends, as every object alive at exit does (conftest's exit_without_collecting)."""
+    if item.module is not _FROZEN_FOR[0]:
+        _FROZEN_FOR[0] = item.module
+        gc.collect()
+        gc.freeze()
 
 
 def pytest_configure(config):

@@ -247,6 +247,35 @@ def test_kfold_trial_pruned_after_a_fold_shows_fewer_fold_metrics(mlflow_store, 
     assert result.counts["hpo/trial_epochs_run"] == 1 + 3 and result.counts["hpo/trial_epochs_without_pruning"] == 6
 
 
+def test_a_study_freezes_the_heap_for_its_trials_unless_its_host_froze_it_and_thaws_only_what_it_froze():
+    """optimize() freezes what is alive before the trials (each trial's collection then skips it) and unfreezes
+    after; a host that froze its heap itself (a process that forks workers, or this test runner: conftest) keeps it
+    frozen, before and after the study."""
+    import gc
+
+    import optuna
+
+    from maxout.config import HpoConfig
+
+    seen = []
+
+    def objective(trial):
+        seen.append(gc.get_freeze_count())
+        return trial.suggest_float("x", 0.0, 1.0)
+
+    gc.unfreeze()  # as a fresh maxout process starts: nothing frozen
+    try:
+        hpo_study.optimize(optuna.create_study(), objective, HpoConfig(n_trials=1))
+        assert seen[0] > 0 and gc.get_freeze_count() == 0  # frozen for its trial, thawed after
+        gc.collect()
+        gc.freeze()  # a host that froze its own heap
+        hpo_study.optimize(optuna.create_study(), objective, HpoConfig(n_trials=1))
+        assert seen[1] > 0 and gc.get_freeze_count() > 0  # still frozen after (frozen objects freed leave it)
+    finally:
+        gc.collect()
+        gc.freeze()
+
+
 def test_patient_pruner_asks_hyperband_only_after_the_metric_stalls(cpu_device):
     """The conservative chain on a real in-memory study: a trial behind the leader but still improving is kept
     while it improves; plain Hyperband (the default) prunes it at the first rung."""

@@ -191,16 +191,20 @@ def optimize(study: Any, objective: Objective, hpo: HpoConfig, after_trial: Sequ
             return
         callbacks.append(MaxTrialsCallback(hpo.n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED)))
     # Everything alive now (libraries, the study's data) outlives every trial: frozen, the collection after each
-    # trial (which frees the last model's cycles) skips it (0.5 s a trial before).
-    gc.collect()
-    gc.freeze()
+    # trial (which frees the last model's cycles) skips it (0.5 s a trial before). A host that froze its heap
+    # already (a process that forks workers from it, as a server or a test runner does) keeps it frozen.
+    froze = gc.get_freeze_count() == 0
+    if froze:
+        gc.collect()
+        gc.freeze()
     try:
         study.optimize(objective, timeout=hpo.timeout_s, callbacks=callbacks, gc_after_trial=True)
         requeued = settle_lost_trials(study, hpo)
         if requeued and hpo.timeout_s is None:  # a lost trial is run again, even past n_trials: none is lost
             study.optimize(objective, n_trials=requeued, callbacks=list(after_trial), gc_after_trial=True)
     finally:
-        gc.unfreeze()
+        if froze:
+            gc.unfreeze()
 
 
 def settle_lost_trials(study: Any, hpo: HpoConfig) -> int:
