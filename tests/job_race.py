@@ -24,9 +24,6 @@ from pathlib import Path
 from maxout import cli
 
 from . import warm_maxout
-from .warm_maxout import preload
-
-preload()  # before the fork, so that the commands themselves start together
 
 EXIT_CODES = "exit_codes.json"
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,4 +84,7 @@ def main(out: Path, commands: list[list[str]]) -> int:
 
 
 if __name__ == "__main__":
+    # Before the fork, so that the commands themselves start together: a no-op in a child of the warm server, which
+    # preloaded them (how the tests start this module); not done at import, where a test process needs none of it.
+    warm_maxout.preload()
     sys.exit(main(Path(sys.argv[1]), json.loads(sys.argv[2])))
