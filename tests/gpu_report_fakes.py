@@ -13,6 +13,7 @@ from benchmarks.gpu.registry import Context, Plan, Section
 def works(ctx: Context) -> None:
     ctx.record("value", 42)
     ctx.record("previous", sorted(ctx.previous))  # what the sections before it left
+    ctx.record("parent", os.getppid())  # the runner's pid, or the tests' warm server's (tests/warm_maxout.py)
 
 
 def raises(ctx: Context) -> None:

@@ -12,6 +12,7 @@ import pytest
 from maxout import cli
 from maxout.insight import benchmark, grid as grid_mod
 
+from . import warm_maxout
 from .conftest import runs_in
 
 BASE = ["hardware=cpu", "model=tiny"]
@@ -243,20 +244,17 @@ def test_the_time_to_best_smoke_runs_both_studies_on_the_same_configurations(tmp
     two segments; its figures hold together (time-to-best within the clock, the clock the segments' sum, the
     replay never runs more than it planned, its one-worker prediction of the real maxout study exact)."""
     import json
-    import subprocess
-    import sys
 
     import optuna
 
     from benchmarks.hpo_pruning import open_journal
-    from tests.conftest import ROOT
 
     out, figure, found_json = tmp_path / "store", tmp_path / "ttb.png", tmp_path / "ttb.json"
     # --threads 1: the other xdist worker shares the two cores, and torch's two threads per process spinning
     # against it cost ~3 CPU-s a segment (11.0 against 13.0-14.5 for three tiny trials, measured 2026-11-28)
-    done = subprocess.run([sys.executable, "-m", "benchmarks.hpo_time_to_best", "--smoke", "--threads", "1", "--out",
-                           str(out), "--figure", str(figure), "--json", str(found_json)], cwd=ROOT,
-                          capture_output=True, text=True)
+    # forked warm, and so are its four segments' maxout commands (tests/warm_maxout.py): ~25 CPU-s of imports
+    done = warm_maxout.run(["--smoke", "--threads", "1", "--out", str(out), "--figure", str(figure), "--json",
+                            str(found_json)], program="benchmarks.hpo_time_to_best")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = json.loads(found_json.read_text())
     configs = found["configurations"]

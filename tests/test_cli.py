@@ -3,6 +3,8 @@ and no MLflow run left behind (these all fail before a run starts)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -70,6 +72,52 @@ def test_python_dash_m_exits_with_the_code_and_one_line():
     warm = warm_maxout.run(["train", "hardware=nope"], timeout=600)
     assert (warm.returncode, warm.stdout, warm.stderr) == (proc.returncode, proc.stdout, proc.stderr)
     assert warm_maxout.popen(["train", "hardware=nope"], stderr=warm_maxout.PIPE).wait(600) == 2
+
+
+def test_a_forked_command_starts_its_own_python_dash_m_commands_forked_from_the_same_server(tmp_path):
+    """tests/warm_maxout.py's ROUTED: the GPU report's runner, forked warm, starts its section forked from the same
+    server (its parent is the server, not the runner); the section records what it records from a fresh runner."""
+    fakes = ["--sections", "works", "--registry", "tests.gpu_report_fakes:SECTIONS", "--cuda", "no"]
+    fresh = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_report", "--out", str(tmp_path / "fresh"), *fakes],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert fresh.wait(600) == 0
+    warm = warm_maxout.run(["--out", str(tmp_path / "warm"), *fakes], program="benchmarks.gpu_report", timeout=600)
+    assert warm.returncode == 0, warm.stdout[-2000:] + warm.stderr[-2000:]
+    (on_fresh,), (on_warm,) = (json.loads((tmp_path / name / "report.json").read_text())["sections"]
+                               for name in ("fresh", "warm"))
+    assert on_fresh["status"] == on_warm["status"] == "ok"
+    assert on_fresh["results"].pop("parent") == fresh.pid
+    assert on_warm["results"].pop("parent") == warm_maxout._server().proc.pid
+    assert on_fresh["results"] == on_warm["results"] == {"value": 42, "previous": []}
+
+
+def test_only_what_a_fresh_start_would_make_the_same_is_forked_from_the_server(tmp_path, monkeypatch):
+    """tests/warm_maxout.py's _routed: ``python [-u] -m maxout|benchmarks.gpu_report`` with Popen's usual options,
+    the server's import-time settings, and a session of its own or the server's process group; nothing else."""
+    route = warm_maxout._Server(None, tmp_path)  # as the server sees itself: this process's settings and group
+    monkeypatch.setattr(warm_maxout, "_ROUTE", route)
+    python, own = sys.executable, {"start_new_session": True}
+    routed = warm_maxout._routed
+    assert routed([python, "-u", "-m", "maxout", "train", "x=1"], (), own) == ("maxout", ["train", "x=1"], True)
+    assert routed((python, "-m", "benchmarks.gpu_report", "--child", "hpo"), (),
+                  {**own, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "cwd": ROOT}) == (
+        "benchmarks.gpu_report", ["--child", "hpo"], False)
+    assert routed([python, "-m", "maxout", "hpo"], (), {}) == ("maxout", ["hpo"], False)  # the server's group
+    for args, positional, kwargs in (
+            ([python, "-c", "import maxout"], (), own),  # not a module run
+            ([python, "-m", "mlflow", "server"], (), own),  # not one of ROUTED
+            (["python3", "-m", "maxout", "train"], (), own),  # another interpreter
+            ([python, "-X", "importtime", "-m", "maxout"], (), own),  # an interpreter option
+            ([python, "-m"], (), own),
+            (f"{python} -m maxout train", (), {**own, "shell": True}),
+            ([python, "-m", "maxout", "train"], (-1,), own),  # bufsize and more, by position
+            ([python, "-m", "maxout", "train"], (), {**own, "preexec_fn": os.getpid}),
+            ([python, "-m", "maxout", "train"], (), {**own, "close_fds": False}),  # it would inherit every fd
+            ([python, "-m", "maxout", "train"], (), {**own, "env": {**os.environ, "HF_HOME": str(tmp_path)}})):
+        assert routed(args, positional, kwargs) is None, (args, positional, kwargs)
+    route.group = -1  # a caller in another group: a child forked from the server would not join it
+    assert routed([python, "-m", "maxout", "hpo"], (), {}) is None
+    assert routed([python, "-m", "maxout", "hpo"], (), own) == ("maxout", ["hpo"], False)
 
 
 def test_cfg_prints_the_resolved_config(capsys):

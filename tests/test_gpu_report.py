@@ -27,6 +27,7 @@ from benchmarks import gpu_report
 from benchmarks.gpu import host_time, report, wheels, workloads
 from benchmarks.gpu.sections import EXPECTED_S, PLANS, SECTIONS, gpu_tests, hpo, mfu, vs_trainer
 
+from . import warm_maxout
 from .conftest import ROOT
 
 FAKES = ["--registry", "tests.gpu_report_fakes:SECTIONS", "--cuda", "no"]
@@ -788,8 +789,8 @@ def test_maxouts_gpu_paths_import_nothing_the_gpu_machine_lacks():
 @pytest.mark.slow
 def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path):
     out = tmp_path / "report"
-    done = subprocess.run([sys.executable, "benchmarks/gpu_report.py", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800)
+    # forked warm, and so are its sections (tests/warm_maxout.py): the imports of eight processes, ~35 CPU-s
+    done = warm_maxout.run(["--out", str(out)], program="benchmarks.gpu_report", timeout=1800)
     got = entries(out)
     assert done.returncode == 0, done.stdout[-4000:]
     assert {n: e["status"] for n, e in got.items()} == {

@@ -158,7 +158,7 @@ def pytest_runtest_protocol(item, nextitem):
     CLOCK.current = counter = collections.Counter()
     CLOCK.sleepers = collections.Counter()
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    warm0 = warm_maxout.CHILDREN_CPU_S
+    warm0 = warm_maxout.children_cpu_s()
     start = time.perf_counter()
     yield
     wall = time.perf_counter() - start
@@ -169,7 +169,7 @@ def pytest_runtest_protocol(item, nextitem):
               "in-process": max(0.0, wall - sum(counter.values())),
               "cpu_self": (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime),
               "cpu_children": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
-              + warm_maxout.CHILDREN_CPU_S - warm0,
+              + warm_maxout.children_cpu_s() - warm0,
               "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
               "sleepers": {k: round(v, 2) for k, v in CLOCK.sleepers.most_common(3) if v >= 0.5}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,10 @@ standard streams (the caller's pipes or files, passed over a Unix socket); it ru
 
 ``popen(argv, program="mlflow")`` forks ``python -m mlflow ...`` the same way: tests/services.py's MLflow servers
 (:func:`mlflow_command`). ``program="tests.job_race"`` (any of :data:`HELPERS`) forks ``python -m tests.job_race ...``:
-the tests' own multi-process drivers, which import maxout or MLflow and then fork or hold a lock themselves.
+the tests' own multi-process drivers, which import maxout or MLflow and then fork or hold a lock themselves;
+``program="benchmarks.gpu_report"`` and ``"benchmarks.hpo_time_to_best"`` run those benchmarks whole. A forked
+command's own ``python -m maxout ...`` children are forked from the same server where the caller reads nothing of them
+but their Popen (:data:`ROUTED`: torchrun's workers, the GPU report's sections, the time-to-best segments).
 
 What it is not: a test of the interpreter's start-up (tests/test_cli.py keeps one: an unknown profile from a fresh
 ``python -m maxout``), nor of settings read at import (the server imports with the caller's environment of that
@@ -38,10 +41,7 @@ from pathlib import Path
 from typing import IO, Any, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPE, STDOUT = subprocess.PIPE, subprocess.STDOUT
-# CPU seconds of the commands this process's server forked and reaped (theirs and their own children's, by wait4):
-# they are the server's children, not this process's, so RUSAGE_CHILDREN misses them (tests/timing.py adds them)
-CHILDREN_CPU_S = 0.0
+PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 START_TIMEOUT_S = 300  # the server's imports: ~6 CPU-s, minutes only on a machine loaded far past its cores
 
 
@@ -53,7 +53,7 @@ class Process:
 
     def __init__(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Path = ROOT, stdout: Any = None,
                  stderr: Any = None, text: bool = True, start_new_session: bool = False, program: str = "maxout",
-                 stdin: Any = None):
+                 stdin: Any = None, unbuffered: bool = False):
         if program not in PROGRAMS:
             raise ValueError(f"tests.warm_maxout: program={program!r} (valid: {', '.join(PROGRAMS)})")
         self.args = [program, *argv]
@@ -67,10 +67,16 @@ class Process:
             self.stdin = open(write, "w" if text else "wb")
             sent.append(read)
             mine.append(read)
+        elif stdin == DEVNULL:
+            sent.append(os.open(os.devnull, os.O_RDONLY))
+            mine.append(sent[-1])
         else:
             sent.append(0 if stdin is None else stdin if isinstance(stdin, int) else stdin.fileno())
         for name, spec in (("stdout", stdout), ("stderr", stderr)):
-            if spec == PIPE:
+            if spec == DEVNULL:
+                sent.append(os.open(os.devnull, os.O_WRONLY))
+                mine.append(sent[-1])
+            elif spec == PIPE:
                 read, write = os.pipe()
                 setattr(self, name, open(read, "r" if text else "rb", **({"errors": "replace"} if text else {})))
                 sent.append(write)
@@ -82,8 +88,8 @@ class Process:
             else:
                 sent.append(spec if isinstance(spec, int) else spec.fileno())
         request = {"program": program, "argv": list(argv), "env": dict(os.environ if env is None else env),
-                   "cwd": str(cwd), "new_session": start_new_session}
-        server = _server()
+                   "cwd": str(cwd), "new_session": start_new_session, "unbuffered": unbuffered}
+        server = _ROUTE or _server()  # in a command the server forked: that same server
         if program in RUN_MAXOUT_COMMANDS:
             _check_import_time_settings(request["env"], server.settings)
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -118,18 +124,18 @@ class Process:
         return code
 
     def _status(self, timeout: Optional[float]) -> Optional[int]:
-        global CHILDREN_CPU_S
         if self.returncode is None:
             line = self._line(timeout)
             if line is not None:
-                code, cpu_s = line.split()
-                self.returncode = int(code)
-                CHILDREN_CPU_S += float(cpu_s)
+                self.returncode = int(line)
                 self._conn.close()
         return self.returncode
 
-    def communicate(self, timeout: Optional[float] = None) -> tuple:
-        """Everything the child writes to its pipes, read to their end, then its exit status, as Popen's."""
+    def communicate(self, input: Any = None, timeout: Optional[float] = None) -> tuple:
+        """Everything the child writes to its pipes, read to their end, then its exit status, as Popen's (no
+        ``input``: no caller writes one)."""
+        if input is not None:
+            raise ValueError("tests.warm_maxout: communicate(input=...) is not supported")
         outputs: dict[str, Any] = {}
         readers = [threading.Thread(target=lambda n=name, f=stream: outputs.__setitem__(n, f.read()), daemon=True)
                    for name, stream in (("stdout", self.stdout), ("stderr", self.stderr)) if stream is not None]
@@ -155,6 +161,15 @@ class Process:
 
     def kill(self) -> None:
         self.send_signal(9)
+
+    def __enter__(self) -> "Process":  # subprocess.run's `with Popen(...) as process`
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for stream in (self.stdin, self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self.wait()
 
 
 def popen(argv: Sequence[str], **kwargs: Any) -> Process:
@@ -184,26 +199,37 @@ IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH")
 # ... except those read where they are used: inductor's cache folder is read at each compile, and the first compile
 # in a process writes the default back into os.environ (torch/_inductor/runtime/cache_dir_utils.py), so a test
 # process that compiled once would otherwise differ from its server for the rest of the session
-READ_AT_USE = ("TORCHINDUCTOR_CACHE_DIR",)
+# process that compiled once would otherwise differ from its server for the rest of the session; and what torchrun's
+# agent gives its workers (TORCHELASTIC_RUN_ID, TORCHELASTIC_ERROR_FILE, TORCH_NCCL_ASYNC_ERROR_HANDLING, ...), read
+# by torch.distributed when the worker joins the job (rendezvous.py, errors/error_handler.py, ProcessGroupNCCL)
+READ_AT_USE = ("TORCHINDUCTOR_CACHE_DIR", "TORCHELASTIC_", "TORCH_NCCL_")
+# ... and those read at import that the child sets again to what its own import would have made of them (_become):
+# inductor's compile threads (torch/_inductor/config.py's decide_compile_threads; the GPU report sets them)
+SET_AGAIN = ("TORCHINDUCTOR_COMPILE_THREADS",)
 # The tests' own drivers, run as ``python -m NAME ARGV`` would run them (runpy, as __main__): each imports only what
 # the server imported already (maxout, MLflow), then forks its own children or holds a lock.
 HELPERS = ("tests.job_race", "tests.registry_race", "tests.lock_stress", "tests.lock_holder")
-PROGRAMS = ("maxout", "mlflow", *HELPERS)
+# Benchmarks whose tests run them whole: they start maxout commands (and the report, its sections) themselves,
+# forked from the same server in turn (ROUTED).
+BENCHMARKS = ("benchmarks.gpu_report", "benchmarks.hpo_time_to_best")
+PROGRAMS = ("maxout", "mlflow", *HELPERS, *BENCHMARKS)
 # The programs that run maxout commands, which may reach the Hub or read torch's settings: a request whose
 # IMPORT_TIME_PREFIXES settings differ from the server's is refused. The others read none of them: MLflow's server,
 # its scoring server (a logged model's local files), and the registry's lock and race drivers.
-RUN_MAXOUT_COMMANDS = ("maxout", "tests.job_race")
+RUN_MAXOUT_COMMANDS = ("maxout", "tests.job_race", *BENCHMARKS)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class _Server:
-    def __init__(self, proc: subprocess.Popen, folder: Path):
+    def __init__(self, proc: Optional[subprocess.Popen], folder: Path):
         self.proc, self.folder, self.path = proc, folder, folder / "socket"
         self.settings = import_time_settings(os.environ)
+        self.group = os.getpgid(0)  # read in the server itself (ROUTED): the group its children start in
 
 
 def import_time_settings(env) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in READ_AT_USE}
+    return {k: v for k, v in env.items()
+            if k.startswith(IMPORT_TIME_PREFIXES) and not k.startswith(READ_AT_USE) and k not in SET_AGAIN}
 
 
 def _check_import_time_settings(env: dict, server: dict) -> None:
@@ -232,6 +258,19 @@ def _server() -> _Server:
             _SERVER = _Server(proc, folder)
             atexit.register(_stop, _SERVER)
         return _SERVER
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of the commands this process's server forked and reaped so far (theirs and their own children's):
+    they are the server's children, not this process's, so RUSAGE_CHILDREN misses them (tests/timing.py adds them).
+    The commands those commands started through the server (ROUTED) are the server's children too."""
+    if _SERVER is None:
+        return 0.0
+    try:  # /proc/PID/stat: after the command's name in parentheses, cutime and cstime are the 14th and 15th fields
+        fields = Path(f"/proc/{_SERVER.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
 def _read_ready(proc: subprocess.Popen) -> str:
@@ -264,7 +303,7 @@ def preload() -> None:
     from maxout.hpo import study  # noqa: F401
     from maxout.registry import promotion  # noqa: F401
     from maxout.serving import inference  # noqa: F401
-    from maxout.train import train  # noqa: F401
+    from maxout.train import launch, train  # noqa: F401  (launch: torchrun's agent, which starts workers: ROUTED)
 
     # What a tracked command imports when it gets there (the SQL stores, the pyfunc model it logs, the charts, the
     # git tags MLflow reads): ~650 modules, 1.2 of a tiny tracked training's 4.5 CPU-s after the lines above
@@ -294,6 +333,7 @@ def serve(path: Path) -> list[str]:
     # 1.7-1.8 CPU-s instead of 2.1-2.3 (2026-11-28)
     gc.collect()
     gc.freeze()
+    route = _Server(None, path.parent)  # what a forked command needs to start its own commands here (ROUTED)
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -316,7 +356,7 @@ def serve(path: Path) -> list[str]:
                     for pidfd, (_, other) in children.items():
                         os.close(pidfd)
                         other.close()
-                    return _become(request, fds, conn)
+                    return _become(request, fds, conn, route)
                 for fd in fds:
                     os.close(fd)
                 conn.sendall(f"{pid}\n".encode())
@@ -328,9 +368,9 @@ def serve(path: Path) -> list[str]:
                 pid, conn = children.pop(pidfd)
                 events.unregister(pidfd)
                 os.close(pidfd)
-                _, status, usage = os.wait4(pid, 0)
+                _, status = os.waitpid(pid, 0)
                 try:
-                    conn.sendall(f"{os.waitstatus_to_exitcode(status)} {usage.ru_utime + usage.ru_stime}\n".encode())
+                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 except OSError:
                     pass  # the caller is gone
                 conn.close()
@@ -347,8 +387,10 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), list(fds)
 
 
-def _become(request: dict, fds: list[int], conn: socket.socket) -> list[str]:
+def _become(request: dict, fds: list[int], conn: socket.socket, route: _Server) -> list[str]:
     """In the child: the request's session, streams, folder and environment, as a new process would have them."""
+    global _ROUTE
+    _ROUTE = route
     conn.close()
     if request["new_session"]:
         os.setsid()
@@ -366,13 +408,92 @@ def _become(request: dict, fds: list[int], conn: socket.socket) -> list[str]:
         import torch
 
         torch.set_num_threads(int(threads))  # what OMP_NUM_THREADS gives a process that loads torch after it is set
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:  # SET_AGAIN
+        inductor.compile_threads = inductor.decide_compile_threads()
+    if request.get("unbuffered") or request["env"].get("PYTHONUNBUFFERED"):
+        _unbuffer()
+    _route_commands(request["program"])
     if request["program"] == "mlflow":
         sys.argv = ["mlflow", *request["argv"]]
-    elif request["program"] in HELPERS:
+    elif request["program"] in (*HELPERS, *BENCHMARKS):
         sys.argv = [request["program"], *request["argv"]]  # runpy puts the module's file first, as -m does
     else:
         sys.argv = [str(ROOT / "platform" / "maxout" / "__main__.py"), *request["argv"]]
     return [request["program"], *request["argv"]]
+
+
+def _unbuffer() -> None:
+    """What ``python -u`` (or PYTHONUNBUFFERED) makes of stdout and stderr at start-up: each write goes through at
+    once (a line a parent reads live, or keeps when this process is killed). The server's own streams stay referenced
+    (sys.__stdout__, sys.__stderr__): nothing closes the descriptors."""
+    import io
+
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        before = getattr(sys, name)
+        setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=before.encoding,
+                                            errors=before.errors, write_through=True))
+
+
+# ------------------------------------------------------------------------------------- the commands' own commands
+# Where a forked command starts ``python [-u] -m PROGRAM ...`` itself and reads nothing of that process but what a
+# Popen gives (its pid, poll, wait, signals, streams), the server forks it too: ~6 CPU-s of imports less each (torch,
+# transformers, MLflow; measured 2026-11-28 with -X importtime on a tiny training), as if started fresh but for its
+# parent, which is the server, not the caller. These places:
+# - torchrun's agent starting its workers (torch's SubprocessHandler), in ``maxout train --nproc-per-node N``;
+# - the GPU report's runner starting its sections, and the time-to-best benchmark starting its studies' segments
+#   (their subprocess.Popen, in ROUTED_FROM's processes).
+# Not maxout hpo's supervisor: its workers watch their parent's pid (hpo/supervisor.py) and start fresh.
+ROUTED = ("maxout", "benchmarks.gpu_report")
+ROUTED_FROM = BENCHMARKS
+POPEN_KEYWORDS = {"env", "cwd", "stdin", "stdout", "stderr", "text", "universal_newlines", "bufsize", "close_fds",
+                  "start_new_session"}
+_ROUTE: Optional[_Server] = None  # in a command the server forked: that server (_become)
+
+
+def _routed(args: Any, positional: tuple, kwargs: dict) -> Optional[tuple[str, list[str], bool]]:
+    """(program, argv, unbuffered) where ``Popen(args, *positional, **kwargs)`` can be forked from the server and be
+    what it would start; None where it cannot (anything else, other options, other import-time settings)."""
+    words = [str(w) for w in args] if isinstance(args, (list, tuple)) else []
+    if positional or set(kwargs) - POPEN_KEYWORDS or kwargs.get("close_fds") is False or words[:1] != [
+            sys.executable]:
+        return None
+    options = words[1:words.index("-m")] if "-m" in words else None
+    if options is None or set(options) - {"-u"} or words.index("-m") + 1 >= len(words):
+        return None
+    program, argv = words[words.index("-m") + 1], words[words.index("-m") + 2:]
+    env = os.environ if kwargs.get("env") is None else kwargs["env"]
+    if program not in ROUTED or import_time_settings(env) != _ROUTE.settings:
+        return None
+    if not kwargs.get("start_new_session") and os.getpgid(0) != _ROUTE.group:
+        return None  # it would join this process's group: one forked from the server starts in the server's
+    return program, argv, "-u" in options
+
+
+def _routing(popen: type) -> type:
+    """``popen``, except that a command :func:`_routed` admits is forked from the server (a :class:`Process`)."""
+
+    class Routed(popen):
+        def __new__(cls, args: Any, *positional: Any, **kwargs: Any) -> Any:
+            found = _routed(args, positional, kwargs)
+            if found is None:
+                return super().__new__(cls)
+            program, argv, unbuffered = found
+            return Process(argv, env=kwargs.get("env"), cwd=kwargs.get("cwd") or os.getcwd(),
+                           stdin=kwargs.get("stdin"), stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"),
+                           text=bool(kwargs.get("text") or kwargs.get("universal_newlines")),
+                           start_new_session=bool(kwargs.get("start_new_session")), program=program,
+                           unbuffered=unbuffered)
+
+    return Routed
+
+
+def _route_commands(program: str) -> None:
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    subprocess_handler.Popen = _routing(subprocess_handler.Popen)  # imported by name there
+    if program in ROUTED_FROM:
+        subprocess.Popen = _routing(subprocess.Popen)
 
 
 def mlflow_command(argv: list[str]) -> int:
@@ -433,7 +554,7 @@ if __name__ == "__main__":
     program, *command = serve(Path(sys.argv[1]))
     if program == "mlflow":
         sys.exit(mlflow_command(command))
-    if program in HELPERS:
+    if program in (*HELPERS, *BENCHMARKS):
         import runpy
 
         runpy.run_module(program, run_name="__main__", alter_sys=True)
