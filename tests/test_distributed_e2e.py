@@ -106,6 +106,14 @@ def run(command: list[str], timeout: float = 900, env: Optional[dict] = None) ->
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def warm(torchrun_command: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    """``run(torchrun_command)`` with torchrun and its workers forked from tests/warm_maxout.py's server: the same
+    launcher and worker processes, without three interpreters' imports (~18 CPU-s). The rank-kill test below keeps
+    them fresh: it finds its victim among torchrun's own children."""
+    assert torchrun_command[:3] == [sys.executable, "-m", "torch.distributed.run"], torchrun_command
+    return warm_maxout.run(torchrun_command[3:], program="torch.distributed.run", timeout=timeout)
+
+
 def the_run(uri: str):
     runs = runs_in(uri)
     assert len(runs) == 1, [(r.info.run_id, r.info.status) for r in runs]
@@ -128,7 +136,7 @@ def assert_trained_like(uri: str, run, reference: Reference) -> None:
 def test_torchrun_two_processes_one_finished_run_trained_like_one_process_with_twice_the_batch(
         tmp_path, mlflow_store, micro_8_x_2):
     uri = mlflow_store["uri"]
-    job = run(torchrun(*equivalence(tmp_path, "train.batch_size=4"), *mlflow_store["overrides"]))
+    job = warm(torchrun(*equivalence(tmp_path, "train.batch_size=4"), *mlflow_store["overrides"]))
     assert job.returncode == 0, job.stderr[-3000:]
     assert job.stdout.count("maxout: done") == 1  # one report per job: rank 0's
     run_ = the_run(uri)
@@ -259,7 +267,7 @@ def test_a_rank_killed_mid_epoch_fails_the_run_naming_it_and_resume_auto_finishe
     reason = failed.data.tags["maxout.status_reason"]
     assert failed.info.status == "FAILED" and reason.startswith("RankFailed: rank 1 lost: no word from it"), reason
 
-    resumed = run(torchrun(*args, "resume=auto"))
+    resumed = warm(torchrun(*args, "resume=auto"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "maxout: resuming from step" in resumed.stderr
     finished = the_run(uri)
@@ -280,11 +288,13 @@ def _free_port() -> int:
 
 def test_two_torchrun_agents_as_two_nodes_on_loopback_train_one_job(tmp_path, mlflow_store, micro_16):
     uri, port = mlflow_store["uri"], _free_port()
-    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=maxout-{port}", "-m", "maxout", "train",
-            *equivalence(tmp_path, "train.batch_size=8"), *mlflow_store["overrides"], "--no-progress"]
-    agents = [subprocess.Popen(node, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for _ in range(2)]
+    node = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            f"--rdzv-id=maxout-{port}", "-m", "maxout", "train", *equivalence(tmp_path, "train.batch_size=8"),
+            *mlflow_store["overrides"], "--no-progress"]
+    # torchrun's two agents and their workers forked warm (tests/warm_maxout.py): real processes, rendezvous on
+    # loopback, without four interpreters' imports
+    agents = [warm_maxout.popen(node, program="torch.distributed.run", stdout=warm_maxout.PIPE,
+                                stderr=warm_maxout.PIPE) for _ in range(2)]
     outputs = [agent.communicate(timeout=900) for agent in agents]
     assert [a.returncode for a in agents] == [0, 0], [err[-2000:] for _, err in outputs]
     run_ = the_run(uri)

@@ -13,9 +13,10 @@ standard streams (the caller's pipes or files, passed over a Unix socket); it ru
 ``popen(argv, program="mlflow")`` forks ``python -m mlflow ...`` the same way: tests/services.py's MLflow servers
 (:func:`mlflow_command`). ``program="tests.job_race"`` (any of :data:`HELPERS`) forks ``python -m tests.job_race ...``:
 the tests' own multi-process drivers, which import maxout or MLflow and then fork or hold a lock themselves;
-``program="benchmarks.gpu_report"`` and ``"benchmarks.hpo_time_to_best"`` run those benchmarks whole. A forked
-command's own ``python -m maxout ...`` children are forked from the same server where the caller reads nothing of them
-but their Popen (:data:`ROUTED`: torchrun's workers, the GPU report's sections, the time-to-best segments).
+``program="benchmarks.gpu_report"`` and ``"benchmarks.hpo_time_to_best"`` run those benchmarks whole, and
+``program="torch.distributed.run"`` torchrun. A forked command's own ``python -m maxout ...`` children are forked from
+the same server where the caller reads nothing of them but their Popen (:data:`ROUTED`: torchrun's workers, the GPU
+report's sections, the time-to-best segments).
 
 What it is not: a test of the interpreter's start-up (tests/test_cli.py keeps one: an unknown profile from a fresh
 ``python -m maxout``), nor of settings read at import (the server imports with the caller's environment of that
@@ -212,7 +213,11 @@ HELPERS = ("tests.job_race", "tests.registry_race", "tests.lock_stress", "tests.
 # Benchmarks whose tests run them whole: they start maxout commands (and the report, its sections) themselves,
 # forked from the same server in turn (ROUTED).
 BENCHMARKS = ("benchmarks.gpu_report", "benchmarks.hpo_time_to_best")
-PROGRAMS = ("maxout", "mlflow", *HELPERS, *BENCHMARKS)
+# torchrun (``python -m torch.distributed.run``, what its console script runs): its agent starts its workers forked
+# from the same server in turn (ROUTED), as `maxout train --nproc-per-node`'s launcher does in a forked maxout command
+LAUNCHERS = ("torch.distributed.run",)
+RUN_AS_MAIN = (*HELPERS, *BENCHMARKS, *LAUNCHERS)  # each run by runpy, as ``python -m NAME`` runs it
+PROGRAMS = ("maxout", "mlflow", *RUN_AS_MAIN)
 # The programs that run maxout commands, which may reach the Hub or read torch's settings: a request whose
 # IMPORT_TIME_PREFIXES settings differ from the server's is refused. The others read none of them: MLflow's server,
 # its scoring server (a logged model's local files), and the registry's lock and race drivers.
@@ -416,7 +421,7 @@ def _become(request: dict, fds: list[int], conn: socket.socket, route: _Server) 
     _route_commands(request["program"])
     if request["program"] == "mlflow":
         sys.argv = ["mlflow", *request["argv"]]
-    elif request["program"] in (*HELPERS, *BENCHMARKS):
+    elif request["program"] in RUN_AS_MAIN:
         sys.argv = [request["program"], *request["argv"]]  # runpy puts the module's file first, as -m does
     else:
         sys.argv = [str(ROOT / "platform" / "maxout" / "__main__.py"), *request["argv"]]
@@ -554,7 +559,7 @@ if __name__ == "__main__":
     program, *command = serve(Path(sys.argv[1]))
     if program == "mlflow":
         sys.exit(mlflow_command(command))
-    if program in (*HELPERS, *BENCHMARKS):
+    if program in RUN_AS_MAIN:
         import runpy
 
         runpy.run_module(program, run_name="__main__", alter_sys=True)
