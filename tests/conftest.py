@@ -33,6 +33,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from maxout.errors import exit_without_collecting  # noqa: E402
+from tests import warm_maxout  # noqa: E402
+
+# The warm server's commands run with the environment a test's body has (_isolate below), whichever fixture or test
+# starts the server first
+warm_maxout.SERVER_ENVIRONMENT.update(HF_HUB_OFFLINE="1", HF_ENDPOINT=DEAD_HUB)
 
 # Each pytest process (the two xdist workers and their controller) holds millions of objects by the end of a
 # session: skip the interpreter's last garbage collection over them at exit, as every maxout process does.

@@ -120,6 +120,22 @@ def test_only_what_a_fresh_start_would_make_the_same_is_forked_from_the_server(t
     assert routed([python, "-m", "maxout", "hpo"], (), own) == ("maxout", ["hpo"], False)
 
 
+def test_the_warm_server_takes_the_tests_environment_whoever_starts_it(monkeypatch):
+    """A module fixture's first warm command runs before the per-test environment (conftest's _isolate) is set: a
+    server it started once imported without HF_HUB_OFFLINE=1, and every maxout command of a later test in that
+    process was refused (test_faults beside test_registry_e2e's served champion, 2026-11-29). A server of this test's
+    own, started outside the tests' environment, still runs a test's command."""
+    monkeypatch.setattr(warm_maxout, "_SERVER", None)  # the process's own server comes back after the test
+    with monkeypatch.context() as outside:
+        outside.delenv("HF_HUB_OFFLINE")  # as a module fixture sees the environment
+        server = warm_maxout._server()
+    try:
+        done = warm_maxout.run(["train", "hardware=nope"], timeout=600)  # the test's environment: HF_HUB_OFFLINE=1
+        assert done.returncode == 2 and "unknown hardware 'nope'" in done.stderr, done.stderr[-2000:]
+    finally:
+        warm_maxout._stop(server)
+
+
 def test_cfg_prints_the_resolved_config(capsys):
     assert cli.main(["train", "model=tiny", "hardware.precision=fp32", "--cfg"]) == 0
     out = capsys.readouterr().out

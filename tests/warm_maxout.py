@@ -225,10 +225,17 @@ RUN_MAXOUT_COMMANDS = ("maxout", "tests.job_race", *BENCHMARKS)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+# What every test's own body runs with, set by tests/conftest.py (HF_HUB_OFFLINE=1 and a dead Hub endpoint): the
+# server starts with it whoever starts it first. A module fixture's warm command (`mlflow models serve`, a server)
+# runs before the tests' per-test environment is set; a server started there once imported without HF_HUB_OFFLINE,
+# and every later test's maxout command in that process was refused (2026-11-29).
+SERVER_ENVIRONMENT: dict[str, str] = {}
+
+
 class _Server:
-    def __init__(self, proc: Optional[subprocess.Popen], folder: Path):
+    def __init__(self, proc: Optional[subprocess.Popen], folder: Path, env: Optional[dict] = None):
         self.proc, self.folder, self.path = proc, folder, folder / "socket"
-        self.settings = import_time_settings(os.environ)
+        self.settings = import_time_settings(os.environ if env is None else env)
         self.group = os.getpgid(0)  # read in the server itself (ROUTED): the group its children start in
 
 
@@ -254,13 +261,14 @@ def _server() -> _Server:
     with _LOCK:
         if _SERVER is None or _SERVER.proc.poll() is not None:
             folder = Path(tempfile.mkdtemp(prefix="maxout-warm-"))
+            env = {**os.environ, **SERVER_ENVIRONMENT}
             proc = subprocess.Popen([sys.executable, "-m", "tests.warm_maxout", str(folder / "socket")], cwd=ROOT,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env)
             ready = _read_ready(proc)
             if ready != "ready":
                 proc.kill()
                 raise RuntimeError(f"tests.warm_maxout's server did not start: {ready!r}")
-            _SERVER = _Server(proc, folder)
+            _SERVER = _Server(proc, folder, env)
             atexit.register(_stop, _SERVER)
         return _SERVER
 
@@ -516,13 +524,10 @@ def mlflow_command(argv: list[str]) -> int:
     spawn = mlflow.server._exec_cmd
 
     def serve_here(cmd, extra_env=None, **kwargs):
-        if list(cmd[1:3]) != ["-m", "uvicorn"] or "--workers" not in cmd or cmd[cmd.index("--workers") + 1] != "1":
+        if list(cmd[1:3]) != ["-m", "uvicorn"] or not _one_worker(cmd):
             return spawn(cmd, extra_env=extra_env, **kwargs)  # anything else: as MLflow does it
-        from uvicorn.main import main as uvicorn_main
-
         os.environ.update(extra_env or {})
-        sys.argv = ["uvicorn", *cmd[3:]]
-        return uvicorn_main.main(args=list(cmd[3:]), prog_name="uvicorn")  # returns by SystemExit when it stops
+        return _uvicorn_here(cmd[3:])
 
     mlflow.server._exec_cmd = serve_here
     _score_here()
@@ -543,16 +548,27 @@ def _score_here() -> None:
     def popen(cmd, env=None, **kwargs):
         words = shlex.split(cmd[2]) if list(cmd[:2]) == ["bash", "-c"] else []
         if words[:2] != ["exec", "uvicorn"] or words[-1] != "mlflow.pyfunc.scoring_server.app:app" \
-                or "--workers" not in words or words[words.index("--workers") + 1] != "1":
+                or not _one_worker(words):
             return subprocess.Popen(cmd, env=env, **kwargs)  # anything else: as MLflow does it
-        from uvicorn.main import main as uvicorn_main
-
         os.environ.clear()
         os.environ.update(env or {})
-        sys.argv = ["uvicorn", *words[2:]]
-        return uvicorn_main.main(args=words[2:], prog_name="uvicorn")  # returns by SystemExit when it stops
+        return _uvicorn_here(words[2:])
 
     backend.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": popen})
+
+
+def _one_worker(words: Sequence[str]) -> bool:
+    """uvicorn's ``--workers 1``: it serves in the process it starts in (more would fork workers of their own)."""
+    return "--workers" in words and words.index("--workers") + 1 < len(words) and \
+        words[words.index("--workers") + 1] == "1"
+
+
+def _uvicorn_here(args: Sequence[str]) -> Any:
+    """uvicorn's CLI in this process, with the argv MLflow built for a new one; returns by SystemExit when it stops."""
+    from uvicorn.main import main as uvicorn_main
+
+    sys.argv = ["uvicorn", *args]
+    return uvicorn_main.main(args=list(args), prog_name="uvicorn")
 
 
 if __name__ == "__main__":
