@@ -199,7 +199,6 @@ def run(argv: Sequence[str], env: Optional[dict] = None, timeout: Optional[float
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH")
 # ... except those read where they are used: inductor's cache folder is read at each compile, and the first compile
 # in a process writes the default back into os.environ (torch/_inductor/runtime/cache_dir_utils.py), so a test
-# process that compiled once would otherwise differ from its server for the rest of the session
 # process that compiled once would otherwise differ from its server for the rest of the session; and what torchrun's
 # agent gives its workers (TORCHELASTIC_RUN_ID, TORCHELASTIC_ERROR_FILE, TORCH_NCCL_ASYNC_ERROR_HANDLING, ...), read
 # by torch.distributed when the worker joins the job (rendezvous.py, errors/error_handler.py, ProcessGroupNCCL)
@@ -471,10 +470,11 @@ def _routed(args: Any, positional: tuple, kwargs: dict) -> Optional[tuple[str, l
     if positional or set(kwargs) - POPEN_KEYWORDS or kwargs.get("close_fds") is False or words[:1] != [
             sys.executable]:
         return None
-    options = words[1:words.index("-m")] if "-m" in words else None
-    if options is None or set(options) - {"-u"} or words.index("-m") + 1 >= len(words):
+    module = words.index("-m") + 1 if "-m" in words else len(words)  # the module's name, after -m
+    options = words[1:module - 1]
+    if module >= len(words) or set(options) - {"-u"}:
         return None
-    program, argv = words[words.index("-m") + 1], words[words.index("-m") + 2:]
+    program, argv = words[module], words[module + 1:]
     env = os.environ if kwargs.get("env") is None else kwargs["env"]
     if program not in ROUTED or import_time_settings(env) != _ROUTE.settings:
         return None
