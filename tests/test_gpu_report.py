@@ -298,34 +298,37 @@ def tiny_setup(folder, *overrides):
     return build(cfg, hardware.detect(), checked.dataset, checked.tokenizer)
 
 
-def test_the_compile_off_mfu_measures_low_precision_layernorm_against_fp32_in_the_same_call(tmp_path):
+def test_the_compile_off_mfu_measures_prepared_masks_and_packing_in_the_same_call(tmp_path):
     from benchmarks.gpu.registry import Context
     from maxout import loading
 
     ctx = Context("mfu", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
-    plain, low, packed = mfu.cases(ctx, compiled=False)
-    # the same overrides but the last: fp32 LayerNorm asked for by name (the Hopper profiles' default is bf16)
-    assert plain["data"]()[:-1] == low["data"]()[:-1]
-    assert plain["data"]()[-1] == "hardware.low_precision_layernorm=false"
-    assert low["data"]()[-1] == "hardware.low_precision_layernorm=true"
-    assert "hardware.compile=false" in plain["data"]() and low["name"] == mfu.LOW_PRECISION_LN
+    prepared, mask_read, packed = mfu.cases(ctx, compiled=False)
+    # the profile's prepared masks, then the same overrides with transformers reading each mask on the host
+    assert mask_read["data"]() == [*prepared["data"](), "hardware.prepared_mask=false"]
+    assert prepared["name"] == mfu.LOW_PRECISION_LN and mask_read["name"] == mfu.MASK_READ
+    assert {"hardware.compile=false", "hardware.low_precision_layernorm=true"} <= set(prepared["data"]())
+    tiny = workloads.model("tiny")
+    assert loading.load([*tiny, *prepared["data"]()]).hardware.prepared_mask is True
     # then the same padding-free, at the same tokens a step: a config that loads, packed
-    assert packed["data"]()[:len(low["data"]())] == low["data"]() and packed["name"] == mfu.PACKED
-    cfg = loading.load([*workloads.model("tiny"), *packed["data"]()])
+    assert packed["data"]()[:len(prepared["data"]())] == prepared["data"]() and packed["name"] == mfu.PACKED
+    cfg = loading.load([*tiny, *packed["data"]()])
     assert (cfg.data.padding, cfg.data.max_tokens_per_batch, cfg.hardware.compile) == ("packed", "auto", False)
-    case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 400_000.0, "flops_per_token": 6.6e8,
+    case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 440_000.0, "flops_per_token": 6.6e8,
             "mfu_datasheet": 0.23, "mfu_measured_peak": None, "padding_efficiency": 0.85, "compile_s": None,
             "peak_memory_gb": 50.0}
-    table = mfu.markdown({"cases": {plain["name"]: case, low["name"]: {**case, "steady_tokens_per_s": 480_000.0},
-                                    packed["name"]: {**case, "steady_tokens_per_s": 528_000.0}}})
-    assert "Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run): **1.20×** tokens/s." in table
+    table = mfu.markdown({"cases": {prepared["name"]: {**case, "steady_tokens_per_s": 484_000.0},
+                                    mask_read["name"]: case,
+                                    packed["name"]: {**case, "steady_tokens_per_s": 532_400.0}}})
+    assert ("Prepared masks ÷ transformers' mask read on the host (compile off, the same run): **1.10×** tokens/s."
+            in table)
     assert "Packed ÷ bucketed (compile off, low-precision LayerNorm, the same run): **1.10×** tokens/s." in table
     host = {"wall_ms": 175.0, "data_ms": 0.5, "issue_ms": 30.0, "kernel_ms": 144.0, "kernels_per_step": 880,
             "launch_ms": 6.0, "launches_per_step": 880, "host_ops_ms": 60.0, "syncs_per_step": 1.0, "top_host": [],
             "blocking": {}}
-    table = mfu.markdown({"cases": {plain["name"]: {**case, "host": host}, low["name"]: case}})
-    assert f"| {plain['name']} | 175.00 | 0.50 | 30.00 | 144.00 | 880 | 880 (6.00) | 60.00 | 1.0 | none |" in table
-    assert f"| {low['name']} |" not in table.partition("on the host")[2]  # a case without a split has no row
+    table = mfu.markdown({"cases": {mask_read["name"]: {**case, "host": host}, prepared["name"]: case}})
+    assert f"| {mask_read['name']} | 175.00 | 0.50 | 30.00 | 144.00 | 880 | 880 (6.00) | 60.00 | 1.0 | none |" in table
+    assert f"| {prepared['name']} |" not in table.partition("on the host")[2]  # a case without a split has no row
 
 
 def test_the_compiled_mfu_measures_inductors_mix_order_reduction_off_against_on_in_the_same_call(tmp_path):
@@ -611,17 +614,20 @@ def test_each_fused_kernel_flag_has_an_ablation_grid_that_turns_only_it_on_for_i
             (("liger_kernel=off,on", False), "liger_kernel", Qwen3ForSequenceClassification, "qwen3"),
             *[(("low_precision_layernorm=off,on", compiled), "low_precision_layernorm", BertForSequenceClassification,
                "bert") for compiled in (False, True)],
+            (("prepared_mask=off,on", False), "prepared_mask", BertForSequenceClassification, "bert"),
             (("inductor_tuning=off,on", True), "inductor_tuning", BertForSequenceClassification, "bert")]:
         base = loading.load(ablation.merged(ablation.base_overrides(ctx), grids[spec, compiled]), device=h200)
         assert (base.model.architecture.get("model_type", "bert"), base.model.tokenizer) == (model_type, "bundled")
         got = {}
         for cell in grid_mod.cells(grid_mod.parse_grid(spec)):
             decisions = plan_decisions(cell.apply(base), h200, model_class)
-            got[cell.name] = {n: named(decisions, n).effective for n in ("liger_kernel", "inductor_tuning", "compile")}
+            got[cell.name] = {n: named(decisions, n).effective
+                              for n in ("liger_kernel", "inductor_tuning", "compile", "prepared_mask")}
             got[cell.name]["low_precision_layernorm"] = cell.apply(base).hardware.low_precision_layernorm  # at build
         # the other grids keep the h200 profile's bf16 LayerNorm (a grid changes its one flag, the profile the rest)
         off = {"liger_kernel": False, "inductor_tuning": False, "compile": compiled,
-               "low_precision_layernorm": flag != "low_precision_layernorm"}
+               "low_precision_layernorm": flag != "low_precision_layernorm",
+               "prepared_mask": flag != "prepared_mask" and model_type == "bert"}  # the profile's, on encoders
         assert got == {f"{flag}=off": off, f"{flag}=on": {**off, flag: True}}, spec
     qwen = loading.load(ablation.merged(ablation.base_overrides(ctx), grids["liger_kernel=off,on", False]), device=h200)
     assert qwen.model.architecture["hidden_size"] == 1024 and qwen.model.architecture["num_hidden_layers"] == 28

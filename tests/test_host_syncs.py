@@ -13,8 +13,9 @@ Everything else (backward, clipping, AdamW, the divergence record, the scheduler
 Step 1 syncs once by design (time to the first step, compile included), as does the last warm-up step (the steady
 window's start); the log steps read the loss.
 
-Eager models are not covered: transformers' own mask check (``padding_mask.all()`` in masking_utils) reads the
-mask on the host in every eager forward, one sync per micro-batch, which compile traces away.
+An eager run is counted too: transformers' own mask check (``padding_mask.all()`` in masking_utils) read the mask
+on the host in every eager forward, one sync per micro-batch, which compile traces away; prepared masks
+(optimizations/prepared_mask.py) leave it nothing to read, and the same run with them off still shows it.
 """
 
 from __future__ import annotations
@@ -88,11 +89,14 @@ def compiled(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_only_log_steps_sync_the_host(compiled, synchronize_calls, cpu_device, one_torch_thread):
-    steps, log_every, warmup = 14, 5, 3
+def syncs_per_step(overrides: list, synchronize_calls: list, device, steps: int = 14, log_every: int = 5,
+                   warmup: int = 3) -> tuple:
+    """Trains the tiny model ``steps`` steps with ``overrides`` (fused AdamW, clipping, bucketing), counting each
+    step's syncs; returns the result, the quiet steps' counts (neither a log step nor the warm-up's last) and the
+    counter."""
     cfg = loading.load([*TINY, f"train.max_steps={steps}", f"train.log_every={log_every}",
-                        f"train.warmup_steps_excluded={warmup}", "hardware.compile=true", "hardware.fused_adamw=true",
-                        "train.max_grad_norm=1.0", "data.bucketing=true"], device=cpu_device)
+                        f"train.warmup_steps_excluded={warmup}", "hardware.fused_adamw=true",
+                        "train.max_grad_norm=1.0", "data.bucketing=true", *overrides], device=device)
     watch = SyncsPerStep()
     count_sync = metrics.HostSyncs.mark
 
@@ -102,15 +106,36 @@ def test_only_log_steps_sync_the_host(compiled, synchronize_calls, cpu_device, o
         return ops + found
 
     watch.mode.mark = functools.partial(mark_with_synchronize, watch.mode)
-    result = train(cfg, tracker=NullTracker(), callbacks=[watch], progress=False, device=cpu_device, verbose=False)
+    result = train(cfg, tracker=NullTracker(), callbacks=[watch], progress=False, device=device, verbose=False)
     assert result.metrics["train/optimizer_steps"] == steps
-    assert compiled.frame_count == 1 and not torch._dynamo.utils.counters["graph_break"]  # no sync in the graph
     log_steps = {s for s in range(1, steps + 1) if s % log_every == 0} | {steps}
     quiet = {s: n for s, n in watch.per_step.items() if s not in log_steps and s != warmup}
     assert len(quiet) == steps - 1 - len(log_steps) - 1
-    assert quiet == dict.fromkeys(quiet, 0), quiet  # no step between two log steps waits for the device
-    assert watch.per_step[warmup] == 1  # the steady window's start, once per run
+    assert watch.per_step[warmup] >= 1  # the steady window's start, once per run
     assert all(watch.per_step[s] >= 1 for s in log_steps)  # the counter sees the syncs that do happen
+    return result, quiet, watch
+
+
+def test_only_log_steps_sync_the_host(compiled, synchronize_calls, cpu_device, one_torch_thread):
+    _, quiet, watch = syncs_per_step(["hardware.compile=true"], synchronize_calls, cpu_device)
+    assert compiled.frame_count == 1 and not torch._dynamo.utils.counters["graph_break"]  # no sync in the graph
+    assert quiet == dict.fromkeys(quiet, 0), quiet  # no step between two log steps waits for the device
+    assert watch.per_step[3] == 1
+
+
+def test_an_eager_run_syncs_only_at_log_steps_with_prepared_masks(synchronize_calls, cpu_device, one_torch_thread):
+    """Eager, SDPA: with prepared masks no quiet step reads the device; without them (the figure before) every quiet
+    step read each micro-batch's mask once, in transformers' check. Both runs train alike."""
+    eager = ["hardware.compile=false", "hardware.attn_implementation=sdpa", "hardware.fast_dropout=false"]
+    prepared, quiet, watch = syncs_per_step([*eager, "hardware.prepared_mask=true"], synchronize_calls, cpu_device)
+    assert prepared.setup.decision("prepared_mask").effective is True
+    assert quiet == dict.fromkeys(quiet, 0), quiet
+    assert watch.per_step[3] == 1
+    before, quiet, _ = syncs_per_step([*eager, "hardware.prepared_mask=false"], synchronize_calls, cpu_device)
+    micro_batches = before.setup.accum_steps
+    assert quiet == dict.fromkeys(quiet, micro_batches), quiet  # one read of the mask per forward
+    assert prepared.metrics["train/final_loss"] == before.metrics["train/final_loss"]
+    assert prepared.metrics["eval/accuracy"] == before.metrics["eval/accuracy"]
 
 
 def test_the_counter_sees_what_syncs():

@@ -126,6 +126,15 @@ SETTINGS: dict[str, Case] = {
         lambda r, d: not any(isinstance(m, low_precision_layernorm.LowPrecisionLayerNorm)
                              for m in r.setup.model.modules()),
         {"opt.low_precision_layernorm.reason": "CPU autocast already runs LayerNorm in the low-precision dtype"}),
+    "prepared_mask": Case(
+        ["hardware.attn_implementation=sdpa", "hardware.prepared_mask=true"], {"opt.prepared_mask.effective": "true"},
+        lambda r, d: r.setup.mask_preparer is not None and "attention_mask" not in r.setup.model_inputs(
+            {**next(iter(r.setup.train_loader)), "num_real_tokens": 1, "num_tokens": 1})),
+    "prepared_mask_off_with_eager_attention": Case(
+        ["hardware.attn_implementation=eager", "hardware.prepared_mask=true"],
+        {"opt.prepared_mask.requested": "true", "opt.prepared_mask.effective": "false"},
+        lambda r, d: r.setup.mask_preparer is None and r.setup.model_inputs(next(iter(r.setup.train_loader)))[
+            "attention_mask"].dim() == 2, {"opt.prepared_mask.reason": "without reading it on the host"}),
     "inductor_tuning_off_without_cuda": Case(
         ["hardware.inductor_tuning=true", "hardware.compile=true"], {"opt.inductor_tuning.effective": "false"},
         lambda r, d: not inductor_tuning.enabled(), {"opt.inductor_tuning.reason": "no CUDA device"}),

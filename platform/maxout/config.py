@@ -114,6 +114,7 @@ class HardwareConfig:
     liger_kernel: bool = False  # Liger's fused RMSNorm / SwiGLU kernels in decoders (optimizations/liger_kernel.py)
     inductor_tuning: bool = False  # inductor's coordinate-descent tuning of its Triton kernels (inductor_tuning.py)
     low_precision_layernorm: bool = False  # LayerNorm in bf16/fp16 under CUDA autocast (low_precision_layernorm.py)
+    prepared_mask: bool = True  # eager forwards get their attention mask built, not read on the host (prepared_mask.py)
     batch_size: Any = 32  # per-device micro-batch: int or 'auto' (batch finder)
     num_workers: Any = "auto"  # int or 'auto' = cores - 2, at least 0
     pin_memory: bool = True  # pinned host memory for asynchronous host-to-GPU copies (CUDA only)

@@ -75,8 +75,8 @@ PLANS = (
     # of their own (--sections batch_finder,tracking): five runs found the same batches (2048, largest fit 3413 since
     # bf16 LayerNorm, the first real out-of-memory error at 3584), and seven put MLflow at 0.95-1.06x no tracker
     Plan("call2", budget_s=280, limits={"gpu_tests": 130, "mfu": None},
-         what="every pytest -m gpu test, then MFU with compile off and its profiles (fp32 LayerNorm, low-precision "
-              "LayerNorm, then the same packed)"),
+         what="every pytest -m gpu test, then MFU with compile off and its profiles (bf16 LayerNorm: prepared "
+              "masks, transformers' mask read, then packed)"),
     # compile_modes left call 3 after run 7: CUDA graphs at batch 64 measured 2.14x and 1.79x default mode (runs 6
     # and 7), the Hopper profiles record them and vs_trainer measures them; the compiled MFU's second case (mix-order
     # reduction off: inductor's fused LayerNorm backward took 25.6% of the compiled step's kernel time in run 7) is

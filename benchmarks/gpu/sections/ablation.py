@@ -45,6 +45,9 @@ def grids(ctx: Context, cuda: bool) -> list[tuple[str, str, list[str], float, in
             # and LayerNorm in bf16 in the encoder (a 16-bit residual stream), eager and compiled
             ("low-precision LayerNorm", "low_precision_layernorm=off,on", [], 30),
             ("low-precision LayerNorm (compiled)", "low_precision_layernorm=off,on", compiled, 200),
+            # and eager forwards' attention masks prepared from the host (prepared_mask.py): at batch 64 the step is the
+            # host's, and without them transformers reads each batch's mask on the host, one sync a step
+            ("prepared masks", "prepared_mask=off,on", [], 30),
             ("precision", "precision=fp32,fp16,bf16 tf32=off,on", [], 60),
             ("attention", "attention=eager,sdpa,flash_attention_2", [], 30),
             ("fused AdamW", "fused_adamw=off,on", [], 20),

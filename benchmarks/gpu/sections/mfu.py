@@ -3,8 +3,9 @@ finder: its probes compiled graphs of their own, 108 s on the H200), against the
 the matmul peak the environment section measured; then torch.profiler over a few more steps: the top kernels and the
 share of device time that is neither matmul nor attention.
 
-Two sections, because compiling does not fit call 1: ``mfu`` runs compile off (a figure and a profile in ~40 s,
-whatever compiling costs; then the same with low-precision LayerNorm, the flag's A/B in one process),
+Two sections, because compiling does not fit call 1: ``mfu`` runs compile off (a figure and a profile in ~25 s,
+whatever compiling costs; bucketed with prepared masks, then without them, the flag's A/B in one process, then
+packed),
 ``mfu_compiled`` compiles in default mode (the profile's other flags as it sets them), then the same with inductor's
 mix-order reduction off, then BERT-large at 512 with time left. Three H200 calls cut the compiled case at its limit
 while it compiled (100 s twice, 148 s on 2026-11-27 after the compile-off case), so it has a call of its own (call3,
@@ -31,13 +32,13 @@ MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)|\bmm
 ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|softmax.*mask|mha", re.I)
 
 
-FP32_LN = "BERT-base, seq <= 128, compile off"
 LOW_PRECISION_LN = "BERT-base, seq <= 128, compile off, low-precision LayerNorm"
+MASK_READ = "BERT-base, seq <= 128, compile off, low-precision LayerNorm, transformers' mask read"
 PACKED = "BERT-base, seq <= 128, compile off, low-precision LayerNorm, packed"
 MIX_ORDER_OFF = "BERT-base, seq <= 128, inductor's mix-order reduction off"
 # The ratios a table ends with: (a case, the case it is compared with, what the ratio says), both in one process
-RATIOS = ((LOW_PRECISION_LN, FP32_LN,
-           "Low-precision LayerNorm ÷ fp32 LayerNorm (compile off, the same run)"),
+RATIOS = ((LOW_PRECISION_LN, MASK_READ, "Prepared masks ÷ transformers' mask read on the host (compile off, the "
+                                        "same run)"),
           (PACKED, LOW_PRECISION_LN, "Packed ÷ bucketed (compile off, low-precision LayerNorm, the same run)"),
           (MIX_ORDER_OFF, "BERT-base, seq <= 128", "Mix-order reduction off ÷ on (compiled, the same run)"))
 
@@ -88,23 +89,28 @@ def cases(ctx: Context, compiled: bool) -> list[dict]:
     ``compiled``: the profile's compile (on for the GPU profiles); else compile off."""
     if ctx.full:
         base = lambda: [*workloads.demo(ctx.work, copies=8), "data.max_length=128"]  # noqa: E731
-        if not compiled:  # 23.1% and 23.5% of the data sheet on the H200, 2026-11-27 (one run each); then the same
-            # with LayerNorm in bf16 (low_precision_layernorm.py): its casts, fp32 adds and fp32 LayerNorm took 31% of
-            # that run's kernel time
-            # the Hopper profiles run LayerNorm in bf16 since that run: the first case asks for fp32 by name
+        if not compiled:
+            # LayerNorm in bf16 (low_precision_layernorm.py), as the Hopper profiles run it: 1.13x fp32 LayerNorm's
+            # tokens/s in one process on the H200 in runs 5, 6 and 7 (whose first case asked for fp32 by name; the
+            # ablation's low_precision_layernorm axis measures it since)
             def compile_off(name: str, *flags: str) -> dict:
                 """BERT-base at micro-batch 1024 with compile off; the cases differ only by ``flags``."""
                 return dict(name=name, arch="bert_base", batch=1024, steps=30, needs_s=40,
-                            data=lambda: [*base(), "hardware.compile=false", *flags])
+                            data=lambda: [*base(), "hardware.compile=false", "hardware.low_precision_layernorm=true",
+                                          *flags])
 
-            return [compile_off(FP32_LN, "hardware.low_precision_layernorm=false"),
-                    compile_off(LOW_PRECISION_LN, "hardware.low_precision_layernorm=true"),
+            # first with prepared masks (prepared_mask.py, the profiles' default), then without them: transformers
+            # then reads each batch's padding mask on the host, one sync a step, which packed batches never made
+            # (run 7, 26.2% MFU: 1.0 syncs a step bucketed, 0 packed, the bucketed device busy 86% of the time). In
+            # this order a first case's warm-up, if any, counts against the flag
+            return [compile_off(LOW_PRECISION_LN),
+                    compile_off(MASK_READ, "hardware.prepared_mask=false"),
                     # padding-free at the same tokens a step (the auto token budget: micro-batch x mean row length),
                     # through torch's varlen flash kernel: bucketed batches of 1024 rows were 85% real tokens
                     # (2026-11-27, run 6), and at this micro-batch the GPU, not the host, sets the pace, which P8's
-                    # 256 rows did not show
-                    compile_off(PACKED, "hardware.low_precision_layernorm=true", "data.padding=packed",
-                                "data.max_tokens_per_batch=auto")]
+                    # 256 rows did not show. Run 7's packed batches waited 52.6 ms a step on transformers' flattening
+                    # collator, vectorized since (3.2 ms per 1024 demo rows on a 2-core CPU)
+                    compile_off(PACKED, "data.padding=packed", "data.max_tokens_per_batch=auto")]
         # compile: 65.9 s for BERT-base at micro-batch 1024 on 2026-11-26 (run 1), 110.3 s for two graphs on
         # 2026-11-27 (run 5: a partial last batch crossed shape padding's guard, off since), so ~55 s for one.
         # Then the same with inductor's mix-order reduction off: in run 5 its fused LayerNorm-backward kernels took
@@ -168,6 +174,7 @@ def run(ctx: Context, compiled: bool = False) -> None:
                 "precision": precision, "compile": setup.decision("compile").effective,
                 "attention": setup.decision("attention").effective, "mean_length": mean_len,
                 "low_precision_layernorm": setup.decision("low_precision_layernorm").effective,
+                "prepared_mask": setup.decision("prepared_mask").effective,
                 "packing": setup.decision("packing").effective,
                 "padding_efficiency": m["perf/padding_efficiency"], "steady_tokens_per_s": tokens_s,
                 "steady_samples_per_s": m.get("perf/steady_samples_per_s"), "flops_per_token": count.total,

@@ -49,6 +49,8 @@ AXES: dict[str, Axis] = {
     "inductor_tuning": Axis("hardware.inductor_tuning", (False, True), in_default=False),
     # and LayerNorm in the autocast dtype instead of fp32 (encoders: a 16-bit residual stream)
     "low_precision_layernorm": Axis("hardware.low_precision_layernorm", (False, True), in_default=False),
+    # and eager forwards handed their attention mask built, without transformers' host read of it (a sync a forward)
+    "prepared_mask": Axis("hardware.prepared_mask", (False, True), in_default=False),
     # How rows become batches: padded to the batch's longest row (random or length-bucketed batches), or packed
     # without padding by a token budget (data.max_tokens_per_batch, auto when unset). It sets data.bucketing too,
     # so it is not in the default grid, and a grid names either it or bucketing.

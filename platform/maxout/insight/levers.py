@@ -162,6 +162,8 @@ LEVERS: tuple = (
     Lever("pin_memory", _switch("hardware.pin_memory"), ("pin_memory",), what="pinned host memory for copies"),
     Lever("low_precision_layernorm", _low_precision_layernorm,
           what="LayerNorm in the autocast dtype: a 16-bit residual stream (encoders)"),
+    Lever("prepared_mask", _switch("hardware.prepared_mask"), ("prepared_mask",),
+          what="eager forwards' attention masks built without a host read (one sync a forward)"),
     Lever("liger_kernel", _switch("hardware.liger_kernel"), ("liger_kernel",),
           what="Liger's fused Triton kernels (decoders' RMSNorm, SwiGLU, RoPE, cross-entropy)"),
     Lever("gradient_checkpointing", _checkpointing, ("gradient_checkpointing",),

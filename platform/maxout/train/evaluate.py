@@ -16,7 +16,6 @@ from typing import Any, Optional
 
 import torch
 
-from ..data import MODEL_INPUTS
 from ..metrics import classification_scores, confusion_matrix
 from .setup import Setup
 
@@ -38,7 +37,7 @@ def evaluate(s: Setup, loader: Optional[Any] = None, split: str = "eval") -> Eva
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     counts = torch.zeros(k * k, device=device, dtype=torch.long)
     for batch in loader if loader is not None else s.eval_loader:
-        inputs = {name: batch[name].to(device, non_blocking=True) for name in MODEL_INPUTS if name in batch}
+        inputs = s.model_inputs(batch)  # eager: the attention mask prepared where prepared_mask is on
         with s.precision.autocast():
             out = s.classifier(**inputs)
         loss_sum += out.loss.double() * inputs["labels"].numel()

@@ -27,7 +27,6 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import metrics as m
-from ..data import MODEL_INPUTS
 from ..errors import first_line, raise_if_stop_requested
 from ..optimizations import grad_clipping
 from ..tracking.tracker import Tracker
@@ -89,10 +88,11 @@ def _forward_backward(s: Setup, micro_batches: Sequence[dict]) -> torch.Tensor:
     if s.cuda_graphs and len(pieces) > 1:  # several backward passes add into buffers of their own (Setup)
         s.ensure_gradient_buffers()
     for i, (chunk, share) in enumerate(pieces):
-        inputs = {k: chunk[k].to(device, non_blocking=True) for k in MODEL_INPUTS if k in chunk}
+        forward = s.forward_for(len(chunk["labels"]))
+        inputs = s.model_inputs(chunk, compiled=s.compiled(forward))
         with s.gradient_sync(last=i == len(pieces) - 1):  # data parallel: all-reduce once per step, not per piece
             with s.precision.autocast():
-                loss = s.forward_for(len(chunk["labels"]))(**inputs).loss * share / len(micro_batches)
+                loss = forward(**inputs).loss * share / len(micro_batches)
             scaler.scale(loss).backward()
         step_loss += loss.detach()
     return step_loss

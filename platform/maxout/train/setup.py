@@ -26,7 +26,7 @@ from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
-from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, tf32, varlen
+from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, prepared_mask, tf32, varlen
 from ..serving import pooling
 from .distributed import SINGLE, World, keep_until_exit
 from .divergence import DivergenceWatch
@@ -62,6 +62,7 @@ class Setup:
     parallel: Any = None  # DDP's wrapper, or the FSDP-sharded model; None in one process
     eager: Optional[Callable] = None  # ``forward`` before compile wrapped it (None: forward is not compiled)
     cuda_graphs: bool = False  # the compiled forward replays CUDA graphs (compile.py; gradients_in_buffers below)
+    mask_preparer: Optional[prepared_mask.MaskPreparer] = None  # eager forwards' attention masks (prepared_mask.py)
 
     def decision(self, name: str) -> Decision:
         return named(self.decisions, name)
@@ -81,6 +82,20 @@ class Setup:
         if rows == 1 or (self.cuda_graphs and rows != self.oom.rows_per_forward(self.micro_batch)):
             return self.eager
         return self.forward
+
+    def compiled(self, forward: Callable) -> bool:
+        """Whether ``forward`` (what ``forward_for`` chose) is the compiled module."""
+        return self.eager is not None and forward is not self.eager
+
+    def model_inputs(self, batch: dict, compiled: bool = False) -> dict:
+        """``batch``'s model inputs on the device. An eager forward's come with the attention mask prepared from the
+        batch's host copy where prepared_mask is on, so transformers does not read it on the host (a sync per
+        forward); a compiled forward's keep the 2D mask its graph was traced with."""
+        device = self.device.torch_device
+        inputs = {k: batch[k].to(device, non_blocking=True) for k in data_mod.MODEL_INPUTS if k in batch}
+        if self.mask_preparer is None or compiled:
+            return inputs
+        return self.mask_preparer(inputs, prepared_mask.padded(batch))
 
     @property
     def gradients_in_buffers(self) -> bool:
@@ -181,8 +196,10 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_liger = decide("liger_kernel", hw.liger_kernel,
                      liger_kernel.supported(device, model_class.config_class.model_type))
     d_tuning = decide("inductor_tuning", hw.inductor_tuning, inductor_tuning.supported(device, d_compile.effective))
+    d_mask = decide("prepared_mask", hw.prepared_mask, prepared_mask.supported(
+        model_class.config_class.model_type, d_attn.effective, d_pad.effective, cfg.model.pooling))
     return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_packing, d_widths, d_fused,
-            d_clip, d_compile, d_mode, d_dropout, d_liger, d_tuning, d_parallel]
+            d_clip, d_compile, d_mode, d_dropout, d_liger, d_tuning, d_mask, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -353,6 +370,7 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   decisions=decisions, timings=timings, flop_probe=flop_probe, world=world, parallel=parallel,
                   eager=eager if compiled else None,
                   cuda_graphs=compiled and compile_opt.records_graphs(named(decisions, "compile_mode").effective),
+                  mask_preparer=prepared_mask.apply(model) if named(decisions, "prepared_mask").effective else None,
                   # one rank re-running a step alone would leave the others waiting at its all-reduce
                   oom=OOMRecovery(enabled=world.size == 1))
     setup.zero_grad()  # buffers from the start where gradients keep them (Setup.gradients_in_buffers)
