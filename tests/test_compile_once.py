@@ -4,7 +4,7 @@ symbolic shapes inductor is kept from guarding on the batch size (checked on a G
 Graphs are counted by dynamo itself, with its eager backend standing in for inductor (the graphs dynamo captures
 and its guards are the same; only the kernels are not generated), on the tiny model and the demo's real bucket
 plan. Before the fix a run made 2 graphs (BERT writes config.problem_type on its first forward, and the guard on
-it recompiled), and a 1-row batch (an epoch's remainder) made one more.
+it recompiled), and a 1-row batch (an epoch's remainder) made one more; so did a packed batch of one sample.
 """
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ def test_the_batch_finder_compiles_nothing_and_the_run_one_graph(graphs, cpu_dev
     result, tracker = run(cpu_device, "train.batch_size=auto", "train.target_effective_batch=32")
     assert int(tracker.params["batch_finder.num_probes"]) >= 2  # the finder really probed
     assert tracker.params["opt.compile.effective"] == "true"
+    assert graphs.frame_count == 1 and result.metrics["time/compile_graphs"] == 1
+
+
+def test_packed_batches_compile_one_graph_and_a_one_sample_batch_runs_eager(graphs, cpu_device, one_torch_thread):
+    # a token budget of 512 tokens: the second epoch ends with a batch of one sample, whose labels dynamo would
+    # specialize (before: a second graph, "2 <= labels.size()[0]")
+    result, _ = run(cpu_device, "data.padding=packed", "data.max_tokens_per_batch=512", "train.batch_size=8")
+    assert result.setup.packed
+    samples = [len(batch) for epoch in (0, 1) for batch in _batches(result.setup.sampler, epoch)]
+    assert samples.count(1) == 1 and len(set(samples)) > 3  # the plan really holds one, among packed batches
     assert graphs.frame_count == 1 and result.metrics["time/compile_graphs"] == 1
 
 

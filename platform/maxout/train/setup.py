@@ -68,16 +68,18 @@ class Setup:
         return named(self.decisions, name)
 
     def forward_for(self, rows: int) -> Callable:
-        """What a micro-batch of ``rows`` rows runs. Dynamo specializes a dimension of size 1, so a one-row batch
-        (an epoch's remainder, or out-of-memory recovery's smallest chunk) would compile a second graph, a full
-        compile for one batch: it runs eager instead. (A packed batch is always one row: its graph is that.)
+        """What a micro-batch of ``rows`` rows (a packed batch: samples) runs. Dynamo specializes a dimension of size
+        1, so a one-row batch (an epoch's remainder, or out-of-memory recovery's smallest chunk) would compile a
+        second graph, a full compile for one batch: it runs eager instead. So does a packed batch of one sample (an
+        epoch's last, or a row that fills the token budget alone): a packed batch is always one row, but its labels
+        and pooled outputs have a dimension per sample.
 
         Under CUDA graphs every other row count but the full chunk's (an epoch's partial last batch, the last,
         shorter chunk of out-of-memory recovery) runs eager too: cudagraph trees record a graph per distinct
         (rows, width), so the partial batch would add a recording each epoch at whatever width it lands on, beyond
         the pad widths the run was given, each kept in the tree for the rest of the run. One eager batch an epoch
         costs little beside that."""
-        if self.eager is None or self.packed:
+        if self.eager is None:
             return self.forward
         if rows == 1 or (self.cuda_graphs and rows != self.oom.rows_per_forward(self.micro_batch)):
             return self.eager
