@@ -635,7 +635,7 @@ def test_each_fused_kernel_flag_has_an_ablation_grid_that_turns_only_it_on_for_i
         # the other grids keep the h200 profile's bf16 LayerNorm (a grid changes its one flag, the profile the rest)
         off = {"liger_kernel": False, "inductor_tuning": False, "compile": compiled,
                "low_precision_layernorm": flag != "low_precision_layernorm",
-               "prepared_mask": flag != "prepared_mask" and model_type == "bert"}  # the profile's, on encoders
+               "prepared_mask": flag != "prepared_mask"}  # the profile's
         assert got == {f"{flag}=off": off, f"{flag}=on": {**off, flag: True}}, spec
     qwen = loading.load(ablation.merged(ablation.base_overrides(ctx), grids["liger_kernel=off,on", False]), device=h200)
     assert qwen.model.architecture["hidden_size"] == 1024 and qwen.model.architecture["num_hidden_layers"] == 28

@@ -130,6 +130,10 @@ SETTINGS: dict[str, Case] = {
         ["hardware.attn_implementation=sdpa", "hardware.prepared_mask=true"], {"opt.prepared_mask.effective": "true"},
         lambda r, d: r.setup.mask_preparer is not None and "attention_mask" not in r.setup.model_inputs(
             {**next(iter(r.setup.train_loader)), "num_real_tokens": 1, "num_tokens": 1})),
+    "prepared_mask_pooled_decoder": Case(  # the group pools each row's last token: the masks go to the backbone
+        ["model=tiny_qwen3", "hardware.attn_implementation=sdpa"], {"opt.prepared_mask.effective": "true"},
+        lambda r, d: list(r.setup.mask_preparer.builders) == ["full_attention"] and isinstance(r.setup.model_inputs(
+            {**next(iter(r.setup.train_loader)), "num_real_tokens": 1, "num_tokens": 2})["backbone_mask"], dict)),
     "prepared_mask_off_with_eager_attention": Case(
         ["hardware.attn_implementation=eager", "hardware.prepared_mask=true"],
         {"opt.prepared_mask.requested": "true", "opt.prepared_mask.effective": "false"},

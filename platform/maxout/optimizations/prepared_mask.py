@@ -1,37 +1,61 @@
-"""Prepared attention masks: an eager forward gets the mask its SDPA attention needs already built, so transformers
-never reads the batch's padding mask on the host.
+"""Prepared attention masks: an eager forward gets the masks its SDPA attention needs already built, so transformers
+does not read the batch's padding mask on the host.
 
-Why: before building an encoder's mask, transformers asks whether the batch has any padding at all
-(``padding_mask.all()`` in masking_utils' ``_ignore_bidirectional_mask_sdpa``) so that an unpadded batch can run
-without one. On a GPU that question is a host sync in every eager forward: the host waits for the device to finish
-the previous step before it can launch the next one, and the device idles while the host catches up. On the H200
-(2026-11-28, run 7, BERT-base at micro-batch 1024, compile off) bucketed batches made one sync a step where packed
-batches, which carry no padding mask, made none, and the bucketed step's device was busy 86% of the time. The
-collator already knows the answer on the host (its token counts), so this asks it there instead: a batch without
-padding is passed no mask (what transformers would decide), a padded one the very 4D mask transformers would build
-(its own ``create_bidirectional_mask``, with the skip that needs the host read turned off), which the model takes
-as it is. The model's outputs are unchanged; a compiled forward keeps the 2D mask (dynamo traces the check away,
-and a new input layout would compile another graph), so this serves eager runs and a compiled run's eager forwards.
+Why: before building a model's mask, transformers asks whether the batch has any padding at all
+(``padding_mask.all()`` in masking_utils' ``_ignore_bidirectional_mask_sdpa`` and ``_ignore_causal_mask_sdpa``) so
+that an unpadded batch can run without one. On a GPU that question is a host sync in every eager forward: the host
+waits for the device to finish the previous step before it can launch the next one, and the device idles while the
+host catches up. On the H200 (2026-11-28, run 7, BERT-base at micro-batch 1024, compile off) bucketed batches made
+one sync a step where packed batches, which carry no padding mask, made none, and the bucketed step's device was busy
+86% of the time. The collator already knows the answer on the host (its token counts), so this asks it there:
 
-Scope: encoders whose attention mask is transformers' plain bidirectional one (``MODEL_TYPES``), with SDPA
-attention, padded batches and the model's own head. ModernBERT's sliding-window layers and the decoders' causal
-masks are built differently, per-sample pooling (``model.pooling``) reads the 2D mask itself, packed batches carry
-no padding mask, eager attention builds its mask without the host read, and flash-attention 2 unpads each batch
-from its lengths on the host anyway.
+- a padded batch is handed the very masks transformers would build, from its own builders (``create_*_mask``) with
+  the skip that needs the host read turned off, and the model takes them as they are: one 4D tensor, or a mapping by
+  layer type where the model has layers of several kinds (ModernBERT's global and sliding-window layers, Qwen's
+  sliding layers where its config has them). Under per-sample pooling (``model.pooling``, serving/pooling.py) the
+  masks go to the backbone and the 2D mask still says which tokens each sample pools;
+- an unpadded batch: an encoder's is handed no mask, which is what transformers decides after its read, and reads
+  nothing. A decoder's keeps its 2D mask and transformers' own reads: without a mask it would read its position ids
+  instead (``find_packed_sequence_indices``, once per mask it builds), and a built causal mask would trade the
+  ``is_causal`` flash kernel for a masked one, a trade only a GPU can price. With bucketing nearly every batch is
+  padded (CUDA pads widths to multiples of 8).
+
+The model's outputs are unchanged. A compiled forward keeps the 2D mask (dynamo traces the checks away, and a new
+input layout would compile another graph), so this serves eager runs and a compiled run's eager forwards.
+
+Scope (``MODEL_TYPES``): the encoders whose mask is transformers' plain bidirectional one, ModernBERT under
+per-sample pooling (its own head may pool by the 2D mask: ``classifier_pooling=mean``, as its checkpoints set), and
+the decoders whose layers take transformers' causal or sliding-window causal masks; with SDPA attention and padded
+batches. Gemma 3 overlays masks of its own (its bidirectional switch, which a checkpoint may set), packed batches
+carry no padding mask, eager attention builds its mask without the host read, and flash-attention 2 unpads each
+batch from its lengths on the host anyway.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
-from transformers.masking_utils import create_bidirectional_mask
+from transformers.masking_utils import (create_bidirectional_mask, create_bidirectional_sliding_window_mask,
+                                        create_causal_mask, create_sliding_window_causal_mask)
 
+from ..errors import ConfigError
 from .lora import transformers_model
 
-# Model types whose base model builds its attention mask with create_bidirectional_mask(config, embeddings,
-# attention_mask) alone and whose classification head never reads the 2D mask
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra")
+# Encoders whose base model builds its mask with create_bidirectional_mask(config, embeddings, attention_mask) alone
+# and whose classification head never reads the 2D mask
+ENCODERS = ("bert", "roberta", "xlm-roberta", "electra")
+# ModernBERT: a global and a sliding-window bidirectional mask, taken as a mapping by layer type
+SLIDING_ENCODERS = ("modernbert",)
+# Decoders (transformers' generic head finds each row's last token from the input ids) whose layers take
+# create_causal_mask's or create_sliding_window_causal_mask's mask: one tensor, or a mapping by layer type where the
+# config lists the types
+DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+MODEL_TYPES = ENCODERS + SLIDING_ENCODERS + DECODERS
+# what each layer type's mask is built with
+BIDIRECTIONAL = {"full_attention": create_bidirectional_mask,
+                 "sliding_attention": create_bidirectional_sliding_window_mask}
+CAUSAL = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
 
 
 def supported(model_type: str, attention: str, padding: str, pooling: Optional[str]) -> tuple[bool, str]:
@@ -44,10 +68,11 @@ def supported(model_type: str, attention: str, padding: str, pooling: Optional[s
                "flash_attention_2": "flash-attention 2 unpads each batch from its lengths, read on the host anyway"}
         return False, why.get(attention, f"attention {attention!r} is not SDPA")
     if model_type not in MODEL_TYPES:
-        return False, (f"model type {model_type!r} builds masks of its own (sliding-window or causal); prepared masks "
-                       f"cover the plain bidirectional encoders: {', '.join(MODEL_TYPES)}")
-    if pooling:
-        return False, f"per-sample pooling (model.pooling={pooling}) reads the batch's 2D mask"
+        return False, (f"model type {model_type!r} builds or reads its masks its own way; prepared masks cover "
+                       f"{', '.join(MODEL_TYPES)}")
+    if model_type in SLIDING_ENCODERS and not pooling:
+        return False, (f"{model_type}'s own head may pool by the 2D mask (classifier_pooling=mean); with "
+                       f"model.pooling set maxout pools, and the masks are prepared")
     return True, ""
 
 
@@ -66,17 +91,22 @@ def padded(batch: dict) -> Optional[bool]:
 
 
 class MaskPreparer:
-    """Turns a batch's model inputs (on the device) into the same inputs with the attention mask prepared; built by
-    ``apply`` for one model."""
+    """Turns a batch's model inputs (on the device) into the same inputs with the attention masks prepared; built by
+    ``apply`` for one model. ``builders``: transformers' builder for each layer type the model has; ``single``:
+    the model takes one tensor rather than a mapping by layer type; ``causal``: the builders are the causal ones;
+    ``key``: the input the masks go to (``backbone_mask`` under per-sample pooling, which keeps the 2D mask)."""
 
-    def __init__(self, config: Any, dtype: torch.dtype):
-        self.config, self.dtype = config, dtype
+    def __init__(self, config: Any, dtype: torch.dtype, builders: dict[str, Callable], single: bool = True,
+                 causal: bool = False, key: str = "attention_mask"):
+        self.config, self.dtype, self.builders = config, dtype, builders
+        self.single, self.causal, self.key = single, causal, key
 
     def __call__(self, inputs: dict, has_padding: Optional[bool]) -> dict:
-        """``inputs`` with its 2D ``attention_mask`` replaced: dropped when ``has_padding`` is False, the 4D mask
-        transformers would build when True, left as it is when None (unknown on the host)."""
+        """``inputs`` with the masks transformers would build when ``has_padding`` is True; when False, an encoder's
+        without a mask and a decoder's as they are (the module docstring); as they are when None (unknown on the
+        host)."""
         mask = inputs.get("attention_mask")
-        if mask is None or mask.dim() != 2 or has_padding is None:
+        if mask is None or mask.dim() != 2 or has_padding is None or (not has_padding and self.causal):
             return inputs
         prepared = dict(inputs)
         if not has_padding:
@@ -85,13 +115,35 @@ class MaskPreparer:
         rows, width = mask.shape
         # only its shape, dtype and device are read: the embeddings the model will compute
         embeddings = torch.empty(rows, width, 0, dtype=self.dtype, device=mask.device)
-        prepared["attention_mask"] = create_bidirectional_mask(self.config, embeddings, mask,
-                                                               allow_is_bidirectional_skip=False)
+        if self.causal:
+            built = {kind: build(self.config, embeddings, mask, None, allow_is_causal_skip=False)
+                     for kind, build in self.builders.items()}
+        else:
+            built = {kind: build(self.config, embeddings, mask, allow_is_bidirectional_skip=False)
+                     for kind, build in self.builders.items()}
+        prepared[self.key] = next(iter(built.values())) if self.single else built
         return prepared
 
 
-def apply(model: torch.nn.Module) -> MaskPreparer:
-    """A preparer for ``model`` (a transformers classifier, peft-wrapped or not): its config names the attention
-    implementation whose mask is built, its embeddings' dtype the mask's (an additive mask's minimum)."""
+def apply(model: torch.nn.Module, pooled: bool = False) -> MaskPreparer:
+    """A preparer for ``model`` (a transformers classifier of a type ``supported`` takes, peft-wrapped or not; its
+    config names the attention implementation whose masks are built and the layer types they are built for, its
+    embeddings' dtype is the masks' (an additive mask's minimum). ``pooled``: the loop calls it through per-sample
+    pooling (serving/pooling.py), whose backbone takes the prepared masks as ``backbone_mask``."""
     base = transformers_model(model)
-    return MaskPreparer(base.config, base.get_input_embeddings().weight.dtype)
+    config, dtype = base.config, base.get_input_embeddings().weight.dtype
+    key = "backbone_mask" if pooled else "attention_mask"
+    if config.model_type in ENCODERS:
+        return MaskPreparer(config, dtype, {"full_attention": create_bidirectional_mask}, key=key)
+    if config.model_type in SLIDING_ENCODERS:  # it builds both whatever its layers are: so does this
+        return MaskPreparer(config, dtype, BIDIRECTIONAL, single=False, key=key)
+    listed = getattr(config, "layer_types", None)
+    if listed:  # a mapping by type, which these models take in place of building their own
+        kinds = sorted(set(listed))
+    else:  # one mask for every layer: Mistral slides when its config has a window, the others never do
+        kinds = ["sliding_attention" if getattr(config, "sliding_window", None) is not None else "full_attention"]
+    unknown = [kind for kind in kinds if kind not in CAUSAL]
+    if unknown:
+        raise ConfigError(f"hardware.prepared_mask: {config.model_type} has layers of type {unknown[0]!r}; it builds "
+                          f"masks for {', '.join(CAUSAL)}")
+    return MaskPreparer(config, dtype, {kind: CAUSAL[kind] for kind in kinds}, single=not listed, causal=True, key=key)

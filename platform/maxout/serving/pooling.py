@@ -118,6 +118,8 @@ class PooledClassifier(torch.nn.Module):
     Called like the model (``input_ids``, ``attention_mask``, ``token_type_ids``, ``labels``) for padded batches,
     or with ``position_ids`` and ``packing`` (a layout with ``cu_seq_lens``, ``seq_idx``, ``max_length`` and
     ``flash_kwargs()``) for a packed row. Returns the model's output type: ``loss`` (cross-entropy) and ``logits``.
+    ``backbone_mask``: the attention masks prepared for the backbone (optimizations/prepared_mask.py), passed to it
+    in place of ``attention_mask``, which still says which tokens each sample pools.
     """
 
     def __init__(self, model: Any, pooling: str):
@@ -142,7 +144,8 @@ class PooledClassifier(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 token_type_ids: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
-                labels: Optional[torch.Tensor] = None, packing: Any = None) -> SequenceClassifierOutput:
+                labels: Optional[torch.Tensor] = None, packing: Any = None,
+                backbone_mask: Any = None) -> SequenceClassifierOutput:
         kwargs: dict[str, Any] = {}
         if self.takes_token_types and token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
@@ -159,7 +162,8 @@ class PooledClassifier(torch.nn.Module):
             sample_of_token = torch.where(mask.bool(), rows, samples).reshape(-1)
             if self.decoder:  # positions count real tokens only: a left-padded row sees the positions it has alone
                 position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-            kwargs.update(attention_mask=attention_mask, position_ids=position_ids)
+            kwargs.update(attention_mask=attention_mask if backbone_mask is None else backbone_mask,
+                          position_ids=position_ids)
         hidden = self.backbone(input_ids=input_ids, **kwargs).last_hidden_state
         pooled = pool(hidden.reshape(-1, hidden.shape[-1]), sample_of_token, samples, self.pooling)
         logits = self.head(self.model, pooled)

@@ -372,7 +372,8 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   decisions=decisions, timings=timings, flop_probe=flop_probe, world=world, parallel=parallel,
                   eager=eager if compiled else None,
                   cuda_graphs=compiled and compile_opt.records_graphs(named(decisions, "compile_mode").effective),
-                  mask_preparer=prepared_mask.apply(model) if named(decisions, "prepared_mask").effective else None,
+                  mask_preparer=(prepared_mask.apply(model, pooled=isinstance(classifier, pooling.PooledClassifier))
+                                 if named(decisions, "prepared_mask").effective else None),
                   # one rank re-running a step alone would leave the others waiting at its all-reduce
                   oom=OOMRecovery(enabled=world.size == 1))
     setup.zero_grad()  # buffers from the start where gradients keep them (Setup.gradients_in_buffers)
