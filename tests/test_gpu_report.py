@@ -357,7 +357,8 @@ def test_the_compiled_mfu_turns_inductors_mix_order_reduction_off_and_measures_p
     case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 500_000.0, "flops_per_token": 5.2e8,
             "mfu_datasheet": 0.26, "mfu_measured_peak": None, "padding_efficiency": 0.85, "compile_s": 55.0,
             "compile_graphs": 1, "peak_memory_gb": 45.0}
-    table = mfu.markdown({"cases": {bucketed["name"]: case, packed["name"]: {**case, "steady_tokens_per_s": 600_000.0}}})
+    faster = {**case, "steady_tokens_per_s": 600_000.0}
+    table = mfu.markdown({"cases": {bucketed["name"]: case, packed["name"]: faster}})
     assert "Packed ÷ bucketed (compiled, mix-order reduction off, the same run): **1.20×** tokens/s." in table
 
 

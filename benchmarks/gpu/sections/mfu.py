@@ -5,11 +5,10 @@ share of device time that is neither matmul nor attention.
 
 Two sections, because compiling does not fit call 1: ``mfu`` runs compile off (a figure and a profile in ~25 s,
 whatever compiling costs; bucketed with prepared masks, then without them, the flag's A/B in one process, then
-packed),
-``mfu_compiled`` compiles in default mode (the profile's other flags as it sets them) with inductor's mix-order
-reduction off, bucketed then packed, then BERT-large at 512 with time left. Three H200 calls cut the compiled case at its limit
-while it compiled (100 s twice, 148 s on 2026-11-27 after the compile-off case), so it has a call of its own (call3,
-with what the loan has left after calls 1 and 2).
+packed), ``mfu_compiled`` compiles in default mode (the profile's other flags as it sets them) with inductor's
+mix-order reduction off, bucketed then packed, then BERT-large at 512 with time left. Three H200 calls cut the
+compiled case at its limit while it compiled (100 s twice, 148 s on 2026-11-27 after the compile-off case), so it
+has a call of its own (call3, with what the loan has left after calls 1 and 2).
 Its compile's graphs are counted (``time/compile_graphs``) and dynamo's recompile reasons printed, so a cut run still
 says why it compiled more than once.
 

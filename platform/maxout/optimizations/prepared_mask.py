@@ -33,6 +33,7 @@ batch from its lengths on the host anyway.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -52,10 +53,12 @@ SLIDING_ENCODERS = ("modernbert",)
 # config lists the types
 DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 MODEL_TYPES = ENCODERS + SLIDING_ENCODERS + DECODERS
-# what each layer type's mask is built with
-BIDIRECTIONAL = {"full_attention": create_bidirectional_mask,
-                 "sliding_attention": create_bidirectional_sliding_window_mask}
-CAUSAL = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+# what each layer type's mask is built with: transformers' builders, given (config, embeddings, 2D mask), with the
+# skip that needs the host read turned off (a causal builder's fourth argument is the cache: none)
+BIDIRECTIONAL = {kind: functools.partial(build, allow_is_bidirectional_skip=False) for kind, build in (
+    ("full_attention", create_bidirectional_mask), ("sliding_attention", create_bidirectional_sliding_window_mask))}
+CAUSAL = {kind: functools.partial(build, past_key_values=None, allow_is_causal_skip=False) for kind, build in (
+    ("full_attention", create_causal_mask), ("sliding_attention", create_sliding_window_causal_mask))}
 
 
 def supported(model_type: str, attention: str, padding: str, pooling: Optional[str]) -> tuple[bool, str]:
@@ -92,9 +95,10 @@ def padded(batch: dict) -> Optional[bool]:
 
 class MaskPreparer:
     """Turns a batch's model inputs (on the device) into the same inputs with the attention masks prepared; built by
-    ``apply`` for one model. ``builders``: transformers' builder for each layer type the model has; ``single``:
-    the model takes one tensor rather than a mapping by layer type; ``causal``: the builders are the causal ones;
-    ``key``: the input the masks go to (``backbone_mask`` under per-sample pooling, which keeps the 2D mask)."""
+    ``apply`` for one model. ``builders``: the builder for each layer type the model has (``BIDIRECTIONAL``,
+    ``CAUSAL``); ``single``: the model takes one tensor rather than a mapping by layer type; ``causal``: a decoder's
+    (its unpadded batches keep their 2D mask); ``key``: the input the masks go to (``backbone_mask`` under per-sample
+    pooling, which keeps the 2D mask)."""
 
     def __init__(self, config: Any, dtype: torch.dtype, builders: dict[str, Callable], single: bool = True,
                  causal: bool = False, key: str = "attention_mask"):
@@ -115,12 +119,7 @@ class MaskPreparer:
         rows, width = mask.shape
         # only its shape, dtype and device are read: the embeddings the model will compute
         embeddings = torch.empty(rows, width, 0, dtype=self.dtype, device=mask.device)
-        if self.causal:
-            built = {kind: build(self.config, embeddings, mask, None, allow_is_causal_skip=False)
-                     for kind, build in self.builders.items()}
-        else:
-            built = {kind: build(self.config, embeddings, mask, allow_is_bidirectional_skip=False)
-                     for kind, build in self.builders.items()}
+        built = {kind: build(self.config, embeddings, mask) for kind, build in self.builders.items()}
         prepared[self.key] = next(iter(built.values())) if self.single else built
         return prepared
 
@@ -134,7 +133,7 @@ def apply(model: torch.nn.Module, pooled: bool = False) -> MaskPreparer:
     config, dtype = base.config, base.get_input_embeddings().weight.dtype
     key = "backbone_mask" if pooled else "attention_mask"
     if config.model_type in ENCODERS:
-        return MaskPreparer(config, dtype, {"full_attention": create_bidirectional_mask}, key=key)
+        return MaskPreparer(config, dtype, {"full_attention": BIDIRECTIONAL["full_attention"]}, key=key)
     if config.model_type in SLIDING_ENCODERS:  # it builds both whatever its layers are: so does this
         return MaskPreparer(config, dtype, BIDIRECTIONAL, single=False, key=key)
     listed = getattr(config, "layer_types", None)
