@@ -139,10 +139,17 @@ def test_varlen_packed_and_padded_logits_equal_each_sample_alone_on_sdpa(name):
     assert packed.loss == pytest.approx(torch.stack([out.loss for out in alone]).mean().item(), abs=FP32_TOL)
 
 
-def flash_semantics_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+def flash_semantics_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                                enable_gqa=None):
     """torch's varlen_attn as its flash kernel defines it, on a CPU: [tokens, heads, dim] in; query i of a row attends
-    key j of the same row with i - left <= j <= i + right (-1: no limit); (-1, 0) is causal."""
-    assert q.is_contiguous() and k.is_contiguous() and k.shape == q.shape  # GQA's heads repeated before the kernel
+    key j of the same row with i - left <= j <= i + right (-1: no limit); (-1, 0) is causal. With ``enable_gqa``
+    (torch >= 2.12) k and v may have fewer heads: query head h reads key/value head h // (q heads / kv heads)."""
+    assert q.is_contiguous() and k.is_contiguous()
+    assert (enable_gqa is not None) == varlen.GROUPED_HEADS  # the keyword goes only to a torch that takes it
+    if enable_gqa:
+        assert k.shape[1] < q.shape[1] and q.shape[1] % k.shape[1] == 0  # passed only where heads are shared
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    assert k.shape == q.shape  # without it GQA's heads are repeated before the kernel
     assert cu_q is cu_k and cu_q.dtype == torch.int32 and max_q == max_k >= int((cu_q[1:] - cu_q[:-1]).max())
     tokens = q.shape[0]
     position = torch.arange(tokens)
@@ -157,12 +164,16 @@ def flash_semantics_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None
 
 # The kernel's own branch (what runs on a GPU) with a stand-in for the kernel that has flash's semantics: checks the
 # window sizes, causality, GQA and the layouts maxout hands varlen_attn against each row alone on SDPA.
-@pytest.mark.parametrize("name", ["tiny", "tiny_modernbert", "tiny_gemma", "gemma_bidirectional", "tiny_qwen3",
-                                  "mistral", "electra"])
-def test_the_varlen_kernel_branch_gets_the_windows_and_heads_transformers_flash_path_would(name, monkeypatch):
+# grouped: the kernel takes shared key/value heads (torch >= 2.12) or maxout repeats them (torch 2.11, the GPU image).
+@pytest.mark.parametrize("name,grouped", [(n, False) for n in ["tiny", "tiny_modernbert", "tiny_gemma",
+                                                                "gemma_bidirectional", "tiny_qwen3", "mistral",
+                                                                "electra"]]
+                         + [("tiny_qwen3", True), ("mistral", True)])
+def test_the_varlen_kernel_branch_gets_the_windows_and_heads_transformers_flash_path_would(name, grouped, monkeypatch):
     import torch.nn.attention.varlen as torch_varlen
 
     monkeypatch.setattr(torch_varlen, "varlen_attn", flash_semantics_varlen_attn)
+    monkeypatch.setattr(varlen, "GROUPED_HEADS", grouped)
     monkeypatch.setattr(varlen, "_half", lambda *tensors: torch.float32)  # the kernel's branch, in fp32 on a CPU
     classifier, rows, tokenizer = build(name, varlen.NAME)
     reference, _, _ = build(name, "sdpa")

@@ -14,7 +14,8 @@ and pass the model's ``**kwargs`` down to it, so a packed forward hands each lay
 
 - Packed (boundaries given): varlen_attn; causal for decoders (window (-1, 0)); a layer's sliding window w as
   (w - 1, 0) causal or (w - 1, w - 1) bidirectional, as transformers' flash path sets it; grouped-query attention's
-  key/value heads repeated first (torch 2.11's varlen_attn has no ``enable_gqa``). Under autocast the inputs are cast
+  key/value heads passed as they are (``enable_gqa``, torch >= 2.12), or repeated first where varlen_attn has no
+  ``enable_gqa`` (torch 2.11). Under autocast the inputs are cast
   to its dtype (a custom op is not autocast-aware, and RoPE in fp32 hands the layer fp32 queries). The longest row
   is the collator's fixed bound (data.max_length), so a compiled graph sees one value, not one per batch.
 - Padded (evaluation, serving): the mask interface hands the layer the 2-D padding mask as it is (no host sync, no
@@ -31,6 +32,7 @@ are. The packing decision's reason says so.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -50,6 +52,20 @@ def kernel_available() -> tuple[bool, str]:
 
 
 KERNEL = kernel_available()[0]  # asked once: the attention function runs inside compiled graphs
+
+
+def kernel_takes_grouped_heads() -> bool:
+    """Whether this torch's varlen_attn takes fewer key/value heads than query heads (``enable_gqa``, torch >= 2.12;
+    the GPU machine's torch 2.11 has not got it). The flash kernel then reads each key/value head for its group of
+    query heads, and its backward sums their gradients itself."""
+    if not KERNEL:
+        return False
+    from torch.nn.attention.varlen import varlen_attn  # only where the module exists
+
+    return "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
+GROUPED_HEADS = kernel_takes_grouped_heads()  # asked once, as KERNEL is
 
 
 def supported(device: Any, precision: str) -> tuple[bool, str]:
@@ -158,13 +174,17 @@ def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds:
     from torch.nn.attention.varlen import varlen_attn  # lazy: torch >= 2.10, and only where the kernel runs
 
     q, k, v = (_tokens_first(t).to(dtype).contiguous() for t in (query, key, value))
+    grouped = {}
     if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves q_heads / kv_heads queries
-        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        if GROUPED_HEADS:  # the kernel reads the shared heads: no repeated copy of k and v, no sum in backward
+            grouped = {"enable_gqa": True}
+        else:
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
     left = sliding_window - 1 if sliding_window is not None else -1
     # (-1, 0) is causal to varlen_attn (torch 2.11 reads is_causal from exactly that); (w - 1, 0) a causal window
     window = (left, 0) if causal else (left, left)
     bounds = bounds.to(torch.int32)
-    out = varlen_attn(q, k, v, bounds, bounds, longest, longest, scale=scaling, window_size=window)
+    out = varlen_attn(q, k, v, bounds, bounds, longest, longest, scale=scaling, window_size=window, **grouped)
     return out.unsqueeze(0)
 
 
