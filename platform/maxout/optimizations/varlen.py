@@ -60,7 +60,7 @@ def kernel_takes_grouped_heads() -> bool:
     query heads, and its backward sums their gradients itself."""
     if not KERNEL:
         return False
-    from torch.nn.attention.varlen import varlen_attn  # only where the module exists
+    from torch.nn.attention.varlen import varlen_attn  # lazy: torch >= 2.10 only, as KERNEL says
 
     return "enable_gqa" in inspect.signature(varlen_attn).parameters
 
