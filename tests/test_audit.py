@@ -14,6 +14,7 @@ import pytest
 
 from maxout import cli, loading
 from maxout.insight import audit, breakdown, levers
+from maxout.optimizations import mix_order_reduction
 from maxout.tracking.tracker import closing, start
 from maxout.train import Callback, lineage, prepare, train
 
@@ -44,6 +45,9 @@ def test_levers_the_device_cannot_use_carry_the_training_runs_reason(cpu_device)
         tuning = rows["inductor_tuning"]
         assert (tuning.status, tuning.decision) == (levers.CANNOT_USE, "inductor_tuning")
         assert tuning.reason.startswith("coordinate-descent tuning tunes inductor's Triton (GPU) kernels")
+    mix_order = rows["mix_order_reduction"]  # a lever that turns a default off checks the device itself
+    assert (mix_order.status, mix_order.reason) == (levers.CANNOT_USE,
+                                                    mix_order_reduction.supported(cpu_device, compiled=True)[1])
     if cpu_device.compiler:  # without a C compiler, compile itself is what cannot be used
         assert (rows["cuda_graphs"].status, rows["cuda_graphs"].decision) == (levers.CANNOT_USE, "compile_mode")
         assert rows["cuda_graphs"].reason == "CUDA graphs need a CUDA device"
@@ -70,6 +74,27 @@ def test_on_a_hopper_gpu_bf16_layernorm_is_a_lever_to_measure_unless_the_profile
         assert (row.status, tuple(row.overrides or ())) == (status, overrides), extra
     liger = levers.assess(by_name["liger_kernel"], cfg, ctx)
     assert liger.status == levers.CANNOT_USE and liger.decision == "liger_kernel"
+
+
+def test_on_a_gpu_inductors_fused_layernorm_backward_is_measured_off_unless_the_config_has_it_off(monkeypatch):
+    from transformers import BertForSequenceClassification
+
+    from maxout.optimizations import compile as compile_opt
+    from maxout.train.setup import plan_decisions
+
+    from .conftest import fake_cuda
+
+    monkeypatch.setattr(compile_opt, "has_triton", lambda: True)  # the GPU image has it
+    h200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
+    lever = next(lever for lever in levers.LEVERS if lever.name == "mix_order_reduction")
+    measured = ("hardware.compile=true", "hardware.mix_order_reduction=false")
+    for extra, status, overrides in [([], levers.MEASURE, measured),
+                                     (["hardware.mix_order_reduction=false"], levers.IN_USE, ())]:
+        cfg = loading.load(["hardware=h200", "model=tiny", *extra], device=h200)
+        ctx = levers.Context(h200, BertForSequenceClassification,
+                             plan_decisions(cfg, h200, BertForSequenceClassification), 16, 1, lambda c: 16)
+        row = levers.assess(lever, cfg, ctx)
+        assert (row.status, tuple(row.overrides or ())) == (status, overrides), extra
 
 
 def test_levers_in_use_and_skipped_say_why(cpu_device):

@@ -1,6 +1,6 @@
-"""Fused kernels as measured flags (issue 37): Liger's kernels for decoders and inductor's coordinate-descent
-tuning. Both run only on a CUDA GPU; here, their decisions on described devices and Liger's instance-only
-patching (with a stand-in for liger's own function)."""
+"""Fused kernels as measured flags (issue 37): Liger's kernels for decoders, inductor's coordinate-descent tuning and
+its fused LayerNorm backward (mix-order reduction). All run only on a CUDA GPU; here, their decisions on described
+devices and Liger's instance-only patching (with a stand-in for liger's own function)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 
 from maxout import loading
 from maxout.insight.grid import parse_grid
-from maxout.optimizations import compile as compile_opt, inductor_tuning, liger_kernel, named
-from maxout.train.setup import plan_decisions
+from maxout.optimizations import compile as compile_opt, inductor_tuning, liger_kernel, mix_order_reduction, named
+from maxout.train.setup import apply_backend, plan_decisions
 from transformers import BertForSequenceClassification, Qwen3ForSequenceClassification
 
 from .conftest import fake_cuda
@@ -82,9 +82,34 @@ def test_inductor_tuning_needs_compile_and_a_gpu(cpu_device):
         inductor_tuning.apply(before)
 
 
+def test_mix_order_reduction_is_decided_with_compile_on_a_gpu_and_set_at_the_runs_start(cpu_device, monkeypatch):
+    monkeypatch.setattr(compile_opt, "has_triton", lambda: True)  # the H100's compile decision, as its image has it
+    assert mix_order_reduction.supported(H100, compiled=True) == (True, "")
+    assert "compile is off" in mix_order_reduction.supported(H100, compiled=False)[1]
+    assert "no CUDA device" in mix_order_reduction.supported(cpu_device, compiled=True)[1]
+    on = loading.load(["hardware=h100", "model=tiny"], device=H100)
+    assert on.hardware.mix_order_reduction is True  # inductor's own default, until a GPU measures it off
+    decision = named(plan_decisions(on, H100, BertForSequenceClassification), "mix_order_reduction")
+    assert (decision.requested, decision.effective) == (True, True)
+    off = loading.load(["hardware=h100", "model=tiny", "hardware.mix_order_reduction=false"], device=H100)
+    assert named(plan_decisions(off, H100, BertForSequenceClassification), "mix_order_reduction").effective is False
+    # A run sets inductor's switch to its decision first (process-wide). On this CPU the decision is off with the
+    # reason (the H100's would also set TF32 and cuDNN's switches for the rest of this process)
+    cpu = loading.load(["hardware=cpu", "model=tiny", "hardware.compile=true"], device=cpu_device)
+    planned = plan_decisions(cpu, cpu_device, BertForSequenceClassification)
+    assert named(planned, "mix_order_reduction").reason.endswith("no CUDA device")
+    try:
+        apply_backend(cpu, planned)
+        assert torch._inductor.config.triton.mix_order_reduction is False
+    finally:
+        mix_order_reduction.apply(True)
+    assert mix_order_reduction.enabled() is True
+
+
 def test_both_are_ablation_axes():
-    grid = parse_grid("liger_kernel=off,on inductor_tuning=off,on")
-    assert grid == {"liger_kernel": (False, True), "inductor_tuning": (False, True)}
+    grid = parse_grid("liger_kernel=off,on inductor_tuning=off,on mix_order_reduction=on,off")
+    assert grid == {"liger_kernel": (False, True), "inductor_tuning": (False, True),
+                    "mix_order_reduction": (True, False)}
 
 
 def test_the_ablation_skips_them_with_their_reason_on_a_cpu(cpu_device):

@@ -333,25 +333,32 @@ def test_the_compile_off_mfu_measures_prepared_masks_and_packing_in_the_same_cal
 
 def test_the_compiled_mfu_turns_inductors_mix_order_reduction_off_and_measures_packed_against_bucketed(tmp_path):
     """Run 7's compiled step spent a quarter of its kernel time in mix-order LayerNorm-backward kernels: call 3's
-    compiled cases turn that fusion off for their own compiles only, bucketed then packed at the same tokens a step,
-    and the table gives the packed one's ratio."""
-    import torch._inductor.config as inductor_config
-
+    compiled cases turn that fusion off through the product's flag (each run sets inductor's switch, and records
+    the decision), bucketed then packed at the same tokens a step, and the table gives the packed one's ratio."""
     from benchmarks.gpu.registry import Context
     from maxout import loading
+    from maxout.optimizations import compile as compile_opt, mix_order_reduction, named
+    from maxout.train.setup import plan_decisions
+    from transformers import BertForSequenceClassification
+
+    from .conftest import fake_cuda
 
     ctx = Context("mfu_compiled", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
     bucketed, packed, *_ = mfu.cases(ctx, compiled=True)
     assert (bucketed["name"], packed["name"]) == (mfu.MIX_ORDER_OFF, mfu.MIX_ORDER_OFF_PACKED)
     assert packed["data"]() == [*bucketed["data"](), "data.padding=packed", "data.max_tokens_per_batch=auto"]
     # compile mode default by name: the Hopper profiles record CUDA graphs, whose recordings would fill 30 steps
-    assert bucketed["data"]()[-1] == "hardware.compile_mode=default"
+    assert bucketed["data"]()[-2:] == ["hardware.compile_mode=default", "hardware.mix_order_reduction=false"]
     cfg = loading.load([*workloads.model("tiny"), *packed["data"]()])
     assert (cfg.data.padding, cfg.hardware.compile_mode) == ("packed", "default")  # compile: the GPU profile's
-    for case in (bucketed, packed):
-        with inductor_config.patch(case["inductor"]):
-            assert inductor_config.triton.mix_order_reduction is False
-    assert inductor_config.triton.mix_order_reduction is True  # restored for whatever runs next in the process
+    h200 = fake_cuda(name="NVIDIA H200", memory_gb=139.8, cc=(9, 0))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compile_opt, "has_triton", lambda: True)  # as the GPU image has it
+        for case in (bucketed, packed):
+            cfg = loading.load(["hardware=h200", *workloads.model("tiny"), *case["data"]()], device=h200)
+            decision = named(plan_decisions(cfg, h200, BertForSequenceClassification), "mix_order_reduction")
+            assert (decision.requested, decision.effective) == (False, False)
+    assert mix_order_reduction.enabled() is True  # nothing set in this process: each run sets its own
     # both compiles, each its own graph, in call 3's budget beside the report's reserve
     assert bucketed["needs_s"] + packed["needs_s"] <= PLANS[2].budget_s - gpu_report.RESERVE_S
     case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 500_000.0, "flops_per_token": 5.2e8,

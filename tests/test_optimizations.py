@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from maxout import loading
-from maxout.optimizations import NAMES, grad_clipping, inductor_tuning, low_precision_layernorm, tf32
+from maxout.optimizations import NAMES, grad_clipping, inductor_tuning, low_precision_layernorm, mix_order_reduction
+from maxout.optimizations import tf32
 from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 
@@ -142,6 +143,9 @@ SETTINGS: dict[str, Case] = {
     "inductor_tuning_off_without_cuda": Case(
         ["hardware.inductor_tuning=true", "hardware.compile=true"], {"opt.inductor_tuning.effective": "false"},
         lambda r, d: not inductor_tuning.enabled(), {"opt.inductor_tuning.reason": "no CUDA device"}),
+    "mix_order_reduction_off_without_compile": Case(  # on by default, as inductor has it; no compile here
+        [], {"opt.mix_order_reduction.requested": "true", "opt.mix_order_reduction.effective": "false"},
+        lambda r, d: not mix_order_reduction.enabled(), {"opt.mix_order_reduction.reason": "compile is off"}),
     "packing_mask_on_cpu": Case(
         ["data.padding=packed", "data.packing_attention=varlen"],
         {"opt.packing.requested": "varlen", "opt.packing.effective": "mask"},

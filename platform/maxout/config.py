@@ -113,6 +113,7 @@ class HardwareConfig:
     pad_widths: Any = "auto"  # dynamic padding rounds to this many widths (CUDA graphs): int, auto or null (off)
     liger_kernel: bool = False  # Liger's fused RMSNorm / SwiGLU kernels in decoders (optimizations/liger_kernel.py)
     inductor_tuning: bool = False  # inductor's coordinate-descent tuning of its Triton kernels (inductor_tuning.py)
+    mix_order_reduction: bool = True  # inductor fuses a LayerNorm backward's two reductions (mix_order_reduction.py)
     low_precision_layernorm: bool = False  # LayerNorm in bf16/fp16 under CUDA autocast (low_precision_layernorm.py)
     prepared_mask: bool = True  # eager forwards get their attention mask built, not read on the host (prepared_mask.py)
     batch_size: Any = 32  # per-device micro-batch: int or 'auto' (batch finder)

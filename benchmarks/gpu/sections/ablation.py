@@ -55,6 +55,8 @@ def grids(ctx: Context, cuda: bool) -> list[tuple[str, str, list[str], float, in
             ("padding (128-512 tokens)", "padding=dynamic,bucketed,packed", long_rows, 60),
             # and inductor's coordinate-descent tuning of its own kernels (two compiles, each cell tuning its own)
             ("inductor tuning (compiled)", "inductor_tuning=off,on", compiled, 240),
+            # and inductor's fused LayerNorm backward against two kernels (run 7: the fused one 25.6% of the kernels)
+            ("mix-order reduction (compiled)", "mix_order_reduction=on,off", compiled, 240),
             ("compile", "compile=off,on", [], 90),
             ("compile mode (static shapes)", "compile_mode=default,max-autotune", compiled + STATIC, 300)]
     return [g if len(g) == 5 else (*g, DEFAULT_STEPS) for g in grid]

@@ -124,13 +124,12 @@ def cases(ctx: Context, compiled: bool) -> list[dict]:
         # kernels took. So both cases turn the fusion off, and the second packs the same tokens a step (varlen: the
         # padding of 1024 bucketed rows was 15% of their tokens), the configuration most likely to be the fastest:
         # two cases, each its own ~55 s compile, is what call 3's budget holds
-        compiled_default = lambda: [*base(), "hardware.compile_mode=default"]  # noqa: E731
-        mix_order_off = {"triton.mix_order_reduction": False}
-        return [dict(name=MIX_ORDER_OFF, arch="bert_base", batch=1024, steps=30, needs_s=90, data=compiled_default,
-                     inductor=mix_order_off),
+        # (hardware.mix_order_reduction, the product's flag: the run sets inductor's switch and records the decision)
+        compiled_default = lambda: [*base(), "hardware.compile_mode=default",  # noqa: E731
+                                    "hardware.mix_order_reduction=false"]
+        return [dict(name=MIX_ORDER_OFF, arch="bert_base", batch=1024, steps=30, needs_s=90, data=compiled_default),
                 dict(name=MIX_ORDER_OFF_PACKED, arch="bert_base", batch=1024, steps=30, needs_s=90,
-                     data=lambda: [*compiled_default(), "data.padding=packed", "data.max_tokens_per_batch=auto"],
-                     inductor=mix_order_off),
+                     data=lambda: [*compiled_default(), "data.padding=packed", "data.max_tokens_per_batch=auto"]),
                 dict(name="BERT-large, seq 512", arch="bert_large", batch=128, steps=20, needs_s=150,
                      data=lambda: workloads.long_mix(ctx.work, rows=1024, low=512, high=512))]
     return [dict(name=f"tiny, seq <= 128{'' if compiled else ', compile off'}", arch="tiny", batch=32, steps=8,
@@ -140,7 +139,6 @@ def cases(ctx: Context, compiled: bool) -> list[dict]:
 
 def run(ctx: Context, compiled: bool = False) -> None:
     import torch  # lazy: the parent process never imports torch for this
-    import torch._inductor.config as inductor_config  # lazy: as torch
 
     from maxout import loading, metrics  # lazy: imports torch
     from maxout.tracking.tracker import NullTracker  # lazy: imports mlflow's pieces
@@ -161,44 +159,44 @@ def run(ctx: Context, compiled: bool = False) -> None:
                      f"train.batch_size={case['batch']}", f"train.target_effective_batch={case['batch']}",
                      f"train.max_steps={case['steps']}", "train.epochs=1000", "train.eval_every_epochs=1000",
                      f"train.warmup_steps_excluded={warmup}", "train.log_every=5", "checkpoint.enabled=false"]
-        # a case's own inductor settings hold while it compiles and runs (process-wide, so restored after it); it
-        # compiles its own graph: dynamo would otherwise reuse the last case's for the same model class and shapes
-        if case.get("inductor"):
+        # each compiled case compiles its own graph: dynamo would otherwise reuse the last case's for the same model
+        # class and shapes, whatever inductor settings the case's run sets (compile's flags are process-wide)
+        if compiled:
             torch._dynamo.reset()
-        with inductor_config.patch(case.get("inductor") or {}):
-            result = train(loading.load(overrides), tracker=NullTracker(), progress=False, verbose=True)
-            m, setup = result.metrics, result.setup
-            precision = setup.decision("precision").effective
-            tf32 = setup.decision("tf32").effective
-            peak_key = precision if precision != "fp32" else ("tf32" if tf32 else "fp32")
-            tokens_s = m.get("perf/steady_tokens_per_s", m["perf/tokens_per_s"])
-            mean_len = m["train/real_tokens"] / max(m["train/samples"], 1)
-            count = metrics.count_flops(setup.model, setup.model_config, mean_len)
-            measured = measured_peaks.get(peak_key)
-            results[case["name"]] = {
-                "micro_batch": setup.micro_batch, "accumulation": setup.accum_steps,
-                "precision": precision, "compile": setup.decision("compile").effective,
-                "attention": setup.decision("attention").effective, "mean_length": mean_len,
-                "low_precision_layernorm": setup.decision("low_precision_layernorm").effective,
-                "prepared_mask": setup.decision("prepared_mask").effective,
-                "packing": setup.decision("packing").effective,
-                "padding_efficiency": m["perf/padding_efficiency"], "steady_tokens_per_s": tokens_s,
-                "steady_samples_per_s": m.get("perf/steady_samples_per_s"), "flops_per_token": count.total,
-                "flops": {"forward": count.forward, "weight_grads": count.weight_grads,
-                          "input_grads": count.input_grads, "attention": count.attention},
-                "mfu_datasheet": m.get("perf/mfu"),
-                "mfu_measured_peak": count.total * tokens_s / measured if measured else None,
-                "measured_peak_tflops": measured / 1e12 if measured else None, "compile_s": m.get("time/compile_s"),
-                "compile_graphs": m.get("time/compile_graphs"),
-                "peak_memory_gb": m.get("mem/peak_allocated_gb"), "gpu_utilization": m.get("gpu/utilization_mean")}
-            ctx.record("cases", results)
-            results[case["name"]]["profile"] = profile_steps(setup, steps=3 if ctx.full else 2)
-            ctx.record("cases", results)
-            # compiled, the H200 idled ~30 ms of each ~175 ms step at this micro-batch (NVML 80%, 2026-11-27) with the
-            # same kernel time as eager: whether the host waits inside the step, and on what, is this split's question
-            results[case["name"]]["host"] = host_time.split(setup, steps=10 if ctx.full else 2,
-                                                            counted=5 if ctx.full else 1, profiled=3 if ctx.full else 1)
-            ctx.record("cases", results)
+        result = train(loading.load(overrides), tracker=NullTracker(), progress=False, verbose=True)
+        m, setup = result.metrics, result.setup
+        precision = setup.decision("precision").effective
+        tf32 = setup.decision("tf32").effective
+        peak_key = precision if precision != "fp32" else ("tf32" if tf32 else "fp32")
+        tokens_s = m.get("perf/steady_tokens_per_s", m["perf/tokens_per_s"])
+        mean_len = m["train/real_tokens"] / max(m["train/samples"], 1)
+        count = metrics.count_flops(setup.model, setup.model_config, mean_len)
+        measured = measured_peaks.get(peak_key)
+        results[case["name"]] = {
+            "micro_batch": setup.micro_batch, "accumulation": setup.accum_steps,
+            "precision": precision, "compile": setup.decision("compile").effective,
+            "attention": setup.decision("attention").effective, "mean_length": mean_len,
+            "low_precision_layernorm": setup.decision("low_precision_layernorm").effective,
+            "prepared_mask": setup.decision("prepared_mask").effective,
+            "packing": setup.decision("packing").effective,
+            "mix_order_reduction": setup.decision("mix_order_reduction").effective,
+            "padding_efficiency": m["perf/padding_efficiency"], "steady_tokens_per_s": tokens_s,
+            "steady_samples_per_s": m.get("perf/steady_samples_per_s"), "flops_per_token": count.total,
+            "flops": {"forward": count.forward, "weight_grads": count.weight_grads,
+                      "input_grads": count.input_grads, "attention": count.attention},
+            "mfu_datasheet": m.get("perf/mfu"),
+            "mfu_measured_peak": count.total * tokens_s / measured if measured else None,
+            "measured_peak_tflops": measured / 1e12 if measured else None, "compile_s": m.get("time/compile_s"),
+            "compile_graphs": m.get("time/compile_graphs"),
+            "peak_memory_gb": m.get("mem/peak_allocated_gb"), "gpu_utilization": m.get("gpu/utilization_mean")}
+        ctx.record("cases", results)
+        results[case["name"]]["profile"] = profile_steps(setup, steps=3 if ctx.full else 2)
+        ctx.record("cases", results)
+        # compiled, the H200 idled ~30 ms of each ~175 ms step at this micro-batch (NVML 80%, 2026-11-27) with the
+        # same kernel time as eager: whether the host waits inside the step, and on what, is this split's question
+        results[case["name"]]["host"] = host_time.split(setup, steps=10 if ctx.full else 2,
+                                                        counted=5 if ctx.full else 1, profiled=3 if ctx.full else 1)
+        ctx.record("cases", results)
         del result, setup
         gc.collect()  # the next case's micro-batch of 1024 needs the memory this one held (~50 GiB)
         if torch.cuda.is_available():

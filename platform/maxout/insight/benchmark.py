@@ -35,7 +35,8 @@ from ..data import Dataset
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, named, packing
-from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, pad_widths, prepared_mask
+from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, mix_order_reduction, pad_widths
+from ..optimizations import prepared_mask
 from ..optimizations import precision as precision_opt, tf32
 from ..tracking.params import NOTE, device_params, note, run_name
 from ..tracking.tracker import Tracker, closing, start
@@ -59,6 +60,8 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
               "tf32": lambda: tf32.supported(device),
               "liger_kernel": lambda: liger_kernel.supported(device, _model_type(cfg, tokenizer)),
               "inductor_tuning": lambda: inductor_tuning.supported(device, asked.get("compile", cfg.hardware.compile)),
+              "mix_order_reduction": lambda: mix_order_reduction.supported(
+                  device, asked.get("compile", cfg.hardware.compile)),
               "low_precision_layernorm": lambda: low_precision_layernorm.supported(
                   device, precision_opt.resolve(asked.get("precision", cfg.hardware.precision), device).effective),
               # the attention and padding asked for (a model class without SDPA says so when its run builds it)

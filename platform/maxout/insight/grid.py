@@ -47,6 +47,8 @@ AXES: dict[str, Axis] = {
     # Fused kernels for the memory-bound ops (issue 37): Liger's for decoders, inductor's tuned ones (with compile)
     "liger_kernel": Axis("hardware.liger_kernel", (False, True), in_default=False),
     "inductor_tuning": Axis("hardware.inductor_tuning", (False, True), in_default=False),
+    # and inductor's fused LayerNorm backward (one kernel for both reductions), its default, against two kernels
+    "mix_order_reduction": Axis("hardware.mix_order_reduction", (False, True), in_default=False),
     # and LayerNorm in the autocast dtype instead of fp32 (encoders: a 16-bit residual stream)
     "low_precision_layernorm": Axis("hardware.low_precision_layernorm", (False, True), in_default=False),
     # and eager forwards handed their attention mask built, without transformers' host read of it (a sync a forward)

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from ..config import Config
 from ..errors import ConfigError, first_line, one_of
 from ..hardware import DeviceInfo
-from ..optimizations import ATTENTION, low_precision_layernorm, named
+from ..optimizations import ATTENTION, low_precision_layernorm, mix_order_reduction, named
 from ..optimizations.dataloader import auto_workers
 from ..train.setup import plan_decisions
 
@@ -137,6 +137,17 @@ def _low_precision_layernorm(cfg: Config, ctx: Context) -> Target:
     return _try("hardware.low_precision_layernorm=true") if ok else Target(status=CANNOT_USE, note=why)
 
 
+def _mix_order_off(cfg: Config, ctx: Context) -> Target:
+    # A lever that turns a default off: a request of "off" needs no support check in its decision, so the device
+    # is checked here, with the decision's own code (with compile: the lever compiles)
+    if not cfg.hardware.mix_order_reduction:
+        return Target(status=IN_USE, note="hardware.mix_order_reduction=false already")
+    ok, why = mix_order_reduction.supported(ctx.device, compiled=True)
+    if not ok:
+        return Target(status=CANNOT_USE, note=why)
+    return _try("hardware.compile=true", "hardware.mix_order_reduction=false")
+
+
 def _off(key: str, on: Callable[[Config], bool], value: str) -> Callable[[Config, Context], Target]:
     def target(cfg: Config, ctx: Context) -> Target:
         return _try(f"{key}={value}") if on(cfg) else Target(status=IN_USE, note=f"{key}={value} already")
@@ -177,6 +188,8 @@ LEVERS: tuple = (
           ("compile", "compile_mode"), what="torch.compile with CUDA graphs (reduce-overhead)"),
     Lever("inductor_tuning", lambda cfg, ctx: _try("hardware.compile=true", "hardware.inductor_tuning=true"),
           ("compile", "inductor_tuning"), what="torch.compile with inductor's coordinate-descent kernel tuning"),
+    Lever("mix_order_reduction", _mix_order_off, ("compile", "mix_order_reduction"),
+          what="torch.compile with a LayerNorm backward's two reductions in two kernels, not inductor's fused one"),
 )
 NAMES = tuple(lever.name for lever in LEVERS)
 

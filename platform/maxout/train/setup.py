@@ -26,7 +26,8 @@ from ..optimizations import Decision, decide, named
 from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
-from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, prepared_mask, tf32, varlen
+from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, mix_order_reduction
+from ..optimizations import prepared_mask, tf32, varlen
 from ..serving import pooling
 from .distributed import SINGLE, World, keep_until_exit
 from .divergence import DivergenceWatch
@@ -198,10 +199,12 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_liger = decide("liger_kernel", hw.liger_kernel,
                      liger_kernel.supported(device, model_class.config_class.model_type))
     d_tuning = decide("inductor_tuning", hw.inductor_tuning, inductor_tuning.supported(device, d_compile.effective))
+    d_mix_order = decide("mix_order_reduction", hw.mix_order_reduction,
+                         mix_order_reduction.supported(device, d_compile.effective))
     d_mask = decide("prepared_mask", hw.prepared_mask, prepared_mask.supported(
         model_class.config_class.model_type, d_attn.effective, d_pad.effective, cfg.model.pooling))
     return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_packing, d_widths, d_fused,
-            d_clip, d_compile, d_mode, d_dropout, d_liger, d_tuning, d_mask, d_parallel]
+            d_clip, d_compile, d_mode, d_dropout, d_liger, d_tuning, d_mix_order, d_mask, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -211,6 +214,7 @@ def apply_backend(cfg: Config, planned: list[Decision]) -> None:
     tf32.apply(named(planned, "tf32").effective)
     cudnn_benchmark.apply(named(planned, "cudnn_benchmark").effective)
     inductor_tuning.apply(named(planned, "inductor_tuning").effective)
+    mix_order_reduction.apply(named(planned, "mix_order_reduction").effective)
 
 
 def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: list[Decision]
