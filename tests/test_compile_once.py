@@ -10,6 +10,7 @@ it recompiled), and a 1-row batch (an epoch's remainder) made one more; so did a
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -68,6 +69,82 @@ def test_packed_batches_compile_one_graph_and_a_one_sample_batch_runs_eager(grap
     samples = [len(batch) for epoch in (0, 1) for batch in _batches(result.setup.sampler, epoch)]
     assert samples.count(1) == 1 and len(set(samples)) > 3  # the plan really holds one, among packed batches
     assert graphs.frame_count == 1 and result.metrics["time/compile_graphs"] == 1
+
+
+def flash_math_forward(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
+                       window_size=None, *_rest):
+    """torch_attn::_varlen_attn's result, as its flash kernel defines it, in fp32 on a CPU: (out, lse, rng state)."""
+    scores, scale = _scores(query, key, cu_seq_q, window_size, scale)
+    lse = scores.logsumexp(-1)  # [heads, tokens]
+    out = torch.einsum("hts,shd->thd", (scores - lse[..., None]).exp(), value.float())
+    # contiguous, as the flash kernel's outputs are and the op's fake kernel says (empty_like): the graph views them
+    return out.to(query.dtype).contiguous(), lse.contiguous(), torch.zeros(2, dtype=torch.uint64)
+
+
+def flash_math_backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, rng_state,
+                        scale=None, window_size=None, *_rest):
+    """torch_attn::_varlen_attn_backward's (dq, dk, dv): softmax attention's gradients, from the saved lse."""
+    scores, scale = _scores(query, key, cu_seq_q, window_size, scale)
+    probs = (scores - lse[..., None]).exp()
+    grad_out = grad_out.float()
+    d_value = torch.einsum("hts,thd->shd", probs, grad_out)
+    d_probs = torch.einsum("thd,shd->hts", grad_out, value.float())
+    d_scores = probs * (d_probs - (grad_out * out.float()).sum(-1).T[..., None])
+    d_query = torch.einsum("hts,shd->thd", d_scores, key.float()) * scale
+    d_key = torch.einsum("hts,thd->shd", d_scores, query.float()) * scale
+    return tuple(grad.to(t.dtype).contiguous() for grad, t in ((d_query, query), (d_key, key), (d_value, value)))
+
+
+def _scores(query, key, bounds, window_size, scale):
+    """[heads, tokens, tokens] scaled scores, -inf where query i may not attend key j: another row of the pack, or
+    outside the window (left, right; -1: no limit; (-1, 0) is causal)."""
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    position = torch.arange(query.shape[0])
+    row = torch.searchsorted(bounds[1:].long(), position, right=True)
+    ahead = position[None, :] - position[:, None]  # j - i
+    left, right = window_size or (-1, -1)
+    keep = (row[:, None] == row[None, :]) & ((ahead >= -left) | (left < 0)) & ((ahead <= right) | (right < 0))
+    scores = torch.einsum("thd,shd->hts", query.float(), key.float()) * scale
+    return scores.masked_fill(~keep, float("-inf")), scale
+
+
+@functools.cache
+def flash_math_on_the_cpu():
+    """CPU kernels for torch's varlen custom ops (theirs are CUDA's flash kernels), registered once for the process:
+    maxout never hands them CPU tensors (varlen._half keeps a CPU forward off the kernel branch), so only a test that
+    forces that branch reaches them."""
+    from torch.nn.attention import varlen as torch_varlen
+
+    torch_varlen._varlen_attn.register_kernel("cpu", flash_math_forward)
+    torch_varlen._varlen_attn_backward.register_kernel("cpu", flash_math_backward)
+
+
+# The packed path a GPU runs, through torch's own varlen custom op (its fake kernels, its autograd formula, the rows'
+# boundaries and the longest row as dynamo sees them), with aot_eager tracing forward and backward as inductor's AOT
+# autograd does. Packed batches hold different numbers of samples (boundaries of another length every step) and
+# tokens; only the kernels are stand-ins. Run 7 never finished the compiled packed GPU test (cut at call 2's limit).
+# aot_eager also runs the pass that turns float inputs into tensors, whose failure restarts dynamo's analysis: a
+# second backend call for the same graph (before compile.constant_floats: 2 calls, then 1).
+def test_packed_batches_through_torchs_varlen_op_compile_one_graph(cpu_device, one_torch_thread, monkeypatch):
+    from maxout.optimizations import varlen
+
+    flash_math_on_the_cpu()
+    monkeypatch.setattr(varlen, "supported", lambda device, precision: (True, ""))  # the packing decision: varlen
+    monkeypatch.setattr(varlen, "_half", lambda *tensors: torch.float32)  # the kernel's branch, in fp32 here
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(compile_opt, "apply", functools.partial(compile_opt.apply, backend=counter))
+    torch._dynamo.reset()
+    try:
+        result, tracker = run(cpu_device, "data.padding=packed", "data.max_tokens_per_batch=512", "train.batch_size=8",
+                              "train.epochs=1")
+    finally:
+        torch._dynamo.reset()
+    assert tracker.params["opt.packing.effective"] == "varlen" and result.setup.packed
+    samples = {len(batch) for batch in _batches(result.setup.sampler, 0)}
+    assert len(samples) > 3  # boundaries of several lengths
+    assert counter.frame_count == 1 and result.metrics["time/compile_graphs"] == 1
+    losses = [value for _, value in tracker.metrics["train/loss"]]
+    assert all(map(math.isfinite, losses)) and losses[-1] < losses[0]
 
 
 def _batches(sampler, epoch):

@@ -86,10 +86,23 @@ def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any 
     """Compile lazily (the first forward compiles). ``dynamic=True`` marks shapes symbolic from the start,
     so dynamic padding compiles once instead of once per sequence length. ``backend``: inductor for runs; tests
     count graphs with dynamo's eager backends (a mode is inductor's, so it is passed to inductor only)."""
+    constant_floats()
     if backend == "inductor":
         no_size_guards(bool(dynamic))
         return torch.compile(model, mode=mode, dynamic=dynamic)
     return torch.compile(model, backend=backend, dynamic=dynamic)
+
+
+def constant_floats() -> None:
+    """Compile the model's float attributes as constants (a process-wide dynamo switch, set for each compile).
+
+    With ``dynamic=True`` dynamo makes every float it reads a graph input: each module's LayerNorm eps, attention
+    scaling, dropout p and embedding norm_type. Those that an op needs as a Python float cannot be turned into
+    tensors, so dynamo throws the whole trace away and traces the forward again (TensorifyScalarRestartAnalysis):
+    two traces on every compile (tiny BERT on this CPU: a 213-node graph thrown away, then 181 nodes), and the
+    attention scaling still reached the graph as a tensor input. A classifier's floats never change between steps,
+    so a constant costs no recompile."""
+    torch._dynamo.config.specialize_float = True
 
 
 def no_size_guards(dynamic: bool) -> None:
