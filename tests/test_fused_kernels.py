@@ -93,17 +93,20 @@ def test_mix_order_reduction_is_decided_with_compile_on_a_gpu_and_set_at_the_run
     assert (decision.requested, decision.effective) == (True, True)
     off = loading.load(["hardware=h100", "model=tiny", "hardware.mix_order_reduction=false"], device=H100)
     assert named(plan_decisions(off, H100, BertForSequenceClassification), "mix_order_reduction").effective is False
-    # A run sets inductor's switch to its decision first (process-wide). On this CPU the decision is off with the
-    # reason (the H100's would also set TF32 and cuDNN's switches for the rest of this process)
+    # A run sets inductor's switch to its decision first (process-wide); one whose decision fell back (here: no CUDA
+    # device) sets inductor's default back for whatever compiles next. (An H100's plan would also set TF32 and
+    # cuDNN's switches for the rest of this process, so a CPU's plans stand in.)
     cpu = loading.load(["hardware=cpu", "model=tiny", "hardware.compile=true"], device=cpu_device)
     planned = plan_decisions(cpu, cpu_device, BertForSequenceClassification)
     assert named(planned, "mix_order_reduction").reason.endswith("no CUDA device")
+    cpu_off = loading.load(["hardware=cpu", "model=tiny", "hardware.mix_order_reduction=false"], device=cpu_device)
     try:
-        apply_backend(cpu, planned)
+        apply_backend(cpu_off, plan_decisions(cpu_off, cpu_device, BertForSequenceClassification))  # asked: off
         assert torch._inductor.config.triton.mix_order_reduction is False
+        apply_backend(cpu, planned)
+        assert mix_order_reduction.enabled() is mix_order_reduction.INDUCTOR_DEFAULT is True
     finally:
-        mix_order_reduction.apply(True)
-    assert mix_order_reduction.enabled() is True
+        mix_order_reduction.apply(None)
 
 
 def test_both_are_ablation_axes():

@@ -145,7 +145,8 @@ SETTINGS: dict[str, Case] = {
         lambda r, d: not inductor_tuning.enabled(), {"opt.inductor_tuning.reason": "no CUDA device"}),
     "mix_order_reduction_off_without_compile": Case(  # on by default, as inductor has it; no compile here
         [], {"opt.mix_order_reduction.requested": "true", "opt.mix_order_reduction.effective": "false"},
-        lambda r, d: not mix_order_reduction.enabled(), {"opt.mix_order_reduction.reason": "compile is off"}),
+        lambda r, d: mix_order_reduction.enabled() is mix_order_reduction.INDUCTOR_DEFAULT,  # as the run found it
+        {"opt.mix_order_reduction.reason": "compile is off"}),
     "packing_mask_on_cpu": Case(
         ["data.padding=packed", "data.packing_attention=varlen"],
         {"opt.packing.requested": "varlen", "opt.packing.effective": "mask"},

@@ -9,15 +9,20 @@ it at ~10% of memory bandwidth on some shapes. Off, inductor generates the two r
 measured flag (``hardware.mix_order_reduction``, an ablation axis, and the GPU report's compiled MFU cases run it
 off): on, inductor's own default, until a GPU says which is faster.
 
-A process-wide inductor switch, set at every run's start to the run's decision (like TF32). With the fusion on and
-dynamic shapes, compile.no_size_guards() also keeps inductor from guarding on the sizes that decide it.
+A process-wide inductor switch, set at every run's start to the run's decision (like TF32). A run that cannot use it
+(compile off, no CUDA device) sets inductor's own default back, so that what compiles next in the process (a GPU test
+after a compile-off run, the next HPO trial) is not left with another run's choice. With the fusion on and dynamic
+shapes, compile.no_size_guards() also keeps inductor from guarding on the sizes that decide it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch._inductor.config as inductor_config
+
+INDUCTOR_DEFAULT = bool(inductor_config.triton.mix_order_reduction)  # at import: on, unless the environment says
+# otherwise (TORCHINDUCTOR_MIX_ORDER_REDUCTION=0)
 
 
 def supported(device: Any, compiled: bool) -> tuple[bool, str]:
@@ -28,8 +33,9 @@ def supported(device: Any, compiled: bool) -> tuple[bool, str]:
     return True, ""
 
 
-def apply(enabled: bool) -> None:
-    inductor_config.triton.mix_order_reduction = bool(enabled)
+def apply(enabled: Optional[bool]) -> None:
+    """``enabled``: the decision's value; None: inductor's default (the run decided nothing)."""
+    inductor_config.triton.mix_order_reduction = INDUCTOR_DEFAULT if enabled is None else bool(enabled)
 
 
 def enabled() -> bool:

@@ -15,9 +15,9 @@ and pass the model's ``**kwargs`` down to it, so a packed forward hands each lay
 - Packed (boundaries given): varlen_attn; causal for decoders (window (-1, 0)); a layer's sliding window w as
   (w - 1, 0) causal or (w - 1, w - 1) bidirectional, as transformers' flash path sets it; grouped-query attention's
   key/value heads passed as they are (``enable_gqa``, torch >= 2.12), or repeated first where varlen_attn has no
-  ``enable_gqa`` (torch 2.11). Under autocast the inputs are cast
-  to its dtype (a custom op is not autocast-aware, and RoPE in fp32 hands the layer fp32 queries). The longest row
-  is the collator's fixed bound (data.max_length), so a compiled graph sees one value, not one per batch.
+  ``enable_gqa`` (torch 2.11). Under autocast the inputs are cast to its dtype (a custom op is not autocast-aware,
+  and RoPE in fp32 hands the layer fp32 queries). The longest row is the collator's fixed bound (data.max_length),
+  so a compiled graph sees one value, not one per batch.
 - Padded (evaluation, serving): the mask interface hands the layer the 2-D padding mask as it is (no host sync, no
   [tokens x tokens] mask per forward), and the layer runs SDPA with the same-row, causal and window mask built from it.
 - No kernel (a CPU, fp32, torch < 2.10, a GPU before sm80): the same attention through SDPA with the block-diagonal
@@ -197,4 +197,3 @@ def _tokens_first(packed: torch.Tensor) -> torch.Tensor:
     k and v. On an H200 (run 7) a strided copy kernel took 8.3% of packed BERT-base's kernel time and none of the
     padded one's, which is what those copies would cost: ~0.4 GB moved per tensor a layer at 56k tokens a step."""
     return packed.transpose(1, 2).flatten(0, 1)
-

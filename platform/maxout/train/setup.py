@@ -214,7 +214,8 @@ def apply_backend(cfg: Config, planned: list[Decision]) -> None:
     tf32.apply(named(planned, "tf32").effective)
     cudnn_benchmark.apply(named(planned, "cudnn_benchmark").effective)
     inductor_tuning.apply(named(planned, "inductor_tuning").effective)
-    mix_order_reduction.apply(named(planned, "mix_order_reduction").effective)
+    mix_order = named(planned, "mix_order_reduction")  # one that fell back leaves inductor at its default
+    mix_order_reduction.apply(None if mix_order.changed else mix_order.effective)
 
 
 def build_model(cfg: Config, device: DeviceInfo, model_config: Any, planned: list[Decision]
