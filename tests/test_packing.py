@@ -215,26 +215,27 @@ class DataMoves(TorchDispatchMode):
 
 # On a GPU (run 7, 2026-11-28) packed BERT-base spent 8.3% of its kernel time in a strided copy that padded batches
 # never ran: the backward of the [1, heads, tokens, dim] -> [tokens, heads, dim] conversion before the kernel.
-# Before: select's backward (zeros, then a copy) and a strided clone for each of q, k and v; after: views only.
+# Before: select's backward for each of q, k and v (zeros, then a strided copy), and BERT's gradients came back
+# contiguous in [1, heads, tokens, dim], so the backward of its projection's view copied each again; after: views
+# only, and BERT's gradients in its projections' own layout.
 @pytest.mark.parametrize("rope", [False, True])
 def test_the_varlen_kernel_branch_moves_no_data_in_backward(rope, monkeypatch):
     import torch.nn.attention.varlen as torch_varlen
 
     monkeypatch.setattr(torch_varlen, "varlen_attn", lambda q, k, v, *args, **kw: PassThroughKernel.apply(q, k, v))
     tokens, heads, dim = 10, 2, 4
-    projections = [torch.randn(1, tokens, heads * dim, requires_grad=True) for _ in range(3)]
-    # BERT: each projection's [1, tokens, heads, dim] view, transposed; RoPE: a new [1, heads, tokens, dim] tensor
-    qkv = [p.view(1, tokens, heads, dim).transpose(1, 2) for p in projections]
-    if rope:
-        qkv = [t * 1.0 for t in qkv]  # materialized in [1, heads, tokens, dim] order, as RoPE's outputs are
-    bounds = torch.tensor([0, 4, 10])
-    out = varlen._varlen(*qkv, bounds, 6, None, None, False, torch.float32)
+    # q, k and v as they reach the attention function. BERT: its projections' [1, tokens, heads, dim] views,
+    # transposed; RoPE (decoders, ModernBERT): new tensors laid out [1, heads, tokens, dim]
+    qkv = [(torch.randn(1, heads, tokens, dim) if rope else torch.randn(1, tokens, heads, dim).transpose(1, 2))
+           .requires_grad_() for _ in range(3)]
+    out = varlen._varlen(*qkv, torch.tensor([0, 4, 10]), 6, None, None, False, torch.float32)
     assert out.shape == (1, tokens, heads, dim)  # [1, tokens, heads, dim], what the layer reshapes
-    with DataMoves() as moves:
-        out.sum().backward()
+    with DataMoves() as moves:  # gradients handed back as the layer's backward gets them (no leaf to copy into)
+        grads = torch.autograd.grad(out.sum(), qkv)
     assert moves.ops == []
-    for p in projections:  # d(q + k + v).sum() is 1 everywhere: each gradient reaches its projection whole
-        assert torch.equal(p.grad, torch.ones_like(p))
+    for grad, t in zip(grads, qkv):  # d(q + k + v).sum() is 1 everywhere; BERT's comes back in its own layout, a
+        assert torch.equal(grad, torch.ones_like(t))  # view of the kernel's dq (RoPE's backward takes any strides)
+        assert rope or grad.stride() == t.stride()
 
 
 def test_varlen_keeps_rows_apart_and_windows_as_transformers_masks_do():
