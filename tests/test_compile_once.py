@@ -71,6 +71,17 @@ def test_packed_batches_compile_one_graph_and_a_one_sample_batch_runs_eager(grap
     assert graphs.frame_count == 1 and result.metrics["time/compile_graphs"] == 1
 
 
+def test_every_run_in_a_process_compiles_its_own_model(graphs, cpu_device, one_torch_thread):
+    """Runs that differ in a constant dynamo guards (an HPO trial's dropout) each added an entry to one dynamo cache,
+    keyed on the forward's code that every run's model shares: at dynamo's recompile limit (8; 2 here) the next run
+    ran eager while it logged compile on (before: the third run here made 0 graphs). Each compile now starts from an
+    empty cache: one graph a run."""
+    with torch._dynamo.config.patch(recompile_limit=2):  # the config's own patch (monkeypatch deletes its keys)
+        made = [run(cpu_device, "train.epochs=1", "train.max_steps=2", f"model.dropout={p}")[0].metrics[
+            "time/compile_graphs"] for p in (0.1, 0.2, 0.3)]
+    assert made == [1, 1, 1] and graphs.frame_count == 3
+
+
 def flash_math_forward(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
                        window_size=None, *_rest):
     """torch_attn::_varlen_attn's result, as its flash kernel defines it, in fp32 on a CPU: (out, lse, rng state)."""

@@ -85,7 +85,14 @@ def with_step_marks(forward: Callable) -> Callable:
 def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any = "inductor") -> torch.nn.Module:
     """Compile lazily (the first forward compiles). ``dynamic=True`` marks shapes symbolic from the start,
     so dynamic padding compiles once instead of once per sequence length. ``backend``: inductor for runs; tests
-    count graphs with dynamo's eager backends (a mode is inductor's, so it is passed to inductor only)."""
+    count graphs with dynamo's eager backends (a mode is inductor's, so it is passed to inductor only).
+
+    Each call starts from an empty dynamo cache: a run compiles its own model. Dynamo keys its cache on the forward's
+    code, which every run's model shares, and a new model instance is one more entry: the ninth run in a process
+    (an HPO worker's ninth trial, a k-fold's ninth fold) hit dynamo's recompile limit (8) and ran eager while the
+    run logged compile on. The earlier runs' models are gone by then; inductor's FX-graph cache on disk still
+    serves a graph compiled before (HPO shares it between trials and workers)."""
+    torch._dynamo.reset()
     constant_floats()
     if backend == "inductor":
         no_size_guards(bool(dynamic))
