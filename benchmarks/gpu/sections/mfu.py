@@ -159,10 +159,8 @@ def run(ctx: Context, compiled: bool = False) -> None:
                      f"train.batch_size={case['batch']}", f"train.target_effective_batch={case['batch']}",
                      f"train.max_steps={case['steps']}", "train.epochs=1000", "train.eval_every_epochs=1000",
                      f"train.warmup_steps_excluded={warmup}", "train.log_every=5", "checkpoint.enabled=false"]
-        # each compiled case compiles its own graph: dynamo would otherwise reuse the last case's for the same model
-        # class and shapes, whatever inductor settings the case's run sets (compile's flags are process-wide)
-        if compiled:
-            torch._dynamo.reset()
+        # each compiled case compiles its own graph: compile.apply starts every run from an empty dynamo cache (the last
+        # case's graph would otherwise serve this one, whatever inductor settings this case's run sets)
         result = train(loading.load(overrides), tracker=NullTracker(), progress=False, verbose=True)
         m, setup = result.metrics, result.setup
         precision = setup.decision("precision").effective

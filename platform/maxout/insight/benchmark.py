@@ -245,8 +245,9 @@ def measure(cfg: Config, device: DeviceInfo, dataset: Dataset, tracker: Tracker)
 
 
 def _fresh_process_state(cfg: Config, device: DeviceInfo) -> None:
-    """Each cell starts clean: a compiled cell compiles from scratch (dynamo would also hit its recompile limit
-    after a few cells and silently run eager), and no device memory stays cached from the previous cell."""
+    """Each cell starts clean: no device memory stays cached from the previous cell. A compiled cell would compile
+    from scratch anyway (compile.apply empties dynamo's cache); emptying it here first releases the previous cell's
+    CUDA graph pools, so that free_cached returns their memory too."""
     if cfg.hardware.compile:
         torch._dynamo.reset()
     free_cached(device.torch_device)
