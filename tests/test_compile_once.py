@@ -136,7 +136,8 @@ def flash_math_on_the_cpu():
 # tokens; only the kernels are stand-ins. Run 7 never finished the compiled packed GPU test (cut at call 2's limit).
 # aot_eager also runs the pass that turns float inputs into tensors, whose failure restarts dynamo's analysis: a
 # second backend call for the same graph (before compile.constant_floats: 2 calls, then 1).
-def test_packed_batches_through_torchs_varlen_op_compile_one_graph(cpu_device, one_torch_thread, monkeypatch):
+@pytest.mark.parametrize("scope", ["model", "layers"])  # the whole model, or its layers alone (call 3 measures both)
+def test_packed_batches_through_torchs_varlen_op_compile_one_graph(scope, cpu_device, one_torch_thread, monkeypatch):
     from maxout.optimizations import varlen
 
     flash_math_on_the_cpu()
@@ -147,10 +148,11 @@ def test_packed_batches_through_torchs_varlen_op_compile_one_graph(cpu_device, o
     torch._dynamo.reset()
     try:
         result, tracker = run(cpu_device, "data.padding=packed", "data.max_tokens_per_batch=512", "train.batch_size=8",
-                              "train.epochs=1")
+                              "train.epochs=1", f"hardware.compile_scope={scope}")
     finally:
         torch._dynamo.reset()
     assert tracker.params["opt.packing.effective"] == "varlen" and result.setup.packed
+    assert tracker.params["opt.compile_scope.effective"] == scope
     samples = {len(batch) for batch in _batches(result.setup.sampler, 0)}
     assert len(samples) > 3  # boundaries of several lengths
     assert counter.frame_count == 1 and result.metrics["time/compile_graphs"] == 1

@@ -155,6 +155,28 @@ def test_reduce_overhead_replays_cuda_graphs_over_bucketed_dynamic_padding(monke
     assert all(torch.isfinite(torch.tensor(losses(tracker))))
 
 
+def test_compiled_layers_replay_cuda_graphs_over_bucketed_dynamic_padding(monkeypatch):
+    """compile_scope=layers under CUDA graphs: every layer's forward and backward replayed as a graph of its own (one
+    dynamo graph for all of them, none skipped), with accumulation (the gradients in their own buffers) and the
+    embeddings and head eager around them; finite losses."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(torch._inductor.config.triton, "cudagraph_or_error", True)  # a skipped graph is an error
+    profile = ProfileSteps(start=14, stop=17)
+    result, tracker = run("hardware.compile=true", "hardware.compile_mode=reduce-overhead", "hardware.pad_widths=4",
+                          "hardware.compile_scope=layers", "model.architecture.num_hidden_layers=4",
+                          "data.bucketing=true", "train.batch_size=16", "train.target_effective_batch=32",
+                          "train.max_steps=18", base=GPU_TINY, callbacks=[profile])
+    assert tracker.params["opt.compile_mode.effective"] == "reduce-overhead"
+    assert tracker.params["opt.compile_scope.effective"] == "layers"
+    assert counters["inductor"]["cudagraph_skips"] == 0 and counters["stats"]["unique_graphs"] == 1
+    # 4 layers x (forward + backward) x 2 micro-batches x 3 profiled steps
+    assert profile.count("cudaGraphLaunch") >= 4 * 2 * 2 * 3, profile.count("cudaGraphLaunch")
+    assert all(torch.isfinite(torch.tensor(losses(tracker))))
+
+
 def test_gpu_utilization_is_sampled_inside_the_training_window():
     result, _ = run("train.max_steps=40", "train.epochs=1")
     assert 0 <= result.metrics["gpu/utilization_mean"] <= result.metrics["gpu/utilization_max"] <= 100

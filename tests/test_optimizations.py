@@ -147,6 +147,11 @@ SETTINGS: dict[str, Case] = {
         [], {"opt.mix_order_reduction.requested": "true", "opt.mix_order_reduction.effective": "false"},
         lambda r, d: mix_order_reduction.enabled() is mix_order_reduction.INDUCTOR_DEFAULT,  # as the run found it
         {"opt.mix_order_reduction.reason": "compile is off"}),
+    "compile_scope_layers_off_without_compile": Case(  # the layers compile only where the model does
+        ["hardware.compile_scope=layers"],
+        {"opt.compile_scope.requested": "layers", "opt.compile_scope.effective": "model"},
+        lambda r, d: r.setup.eager is None and r.setup.compile_scope == "model",
+        {"opt.compile_scope.reason": "compile is off"}),
     "packing_mask_on_cpu": Case(
         ["data.padding=packed", "data.packing_attention=varlen"],
         {"opt.packing.requested": "varlen", "opt.packing.effective": "mask"},

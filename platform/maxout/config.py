@@ -21,8 +21,8 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Iterator, Optional
 
 from .errors import ConfigError, combined, one_of
-from .optimizations import (ADAPTERS, ATTENTION, BACKENDS, COMPILE_MODES, DATA_PARALLEL, PACKING_ATTENTION,
-                            PRECISIONS)
+from .optimizations import (ADAPTERS, ATTENTION, BACKENDS, COMPILE_MODES, COMPILE_SCOPES, DATA_PARALLEL,
+                            PACKING_ATTENTION, PRECISIONS)
 
 SCHEDULES = ("linear", "cosine", "constant")
 PADDING = ("dynamic", "max_length", "packed")
@@ -106,6 +106,7 @@ class HardwareConfig:
     cudnn_benchmark: bool = True  # autotune cuDNN kernels once per shape (CUDA; not in deterministic mode)
     compile: bool = False  # torch.compile the model (needs dynamo, a C compiler, and triton on CUDA)
     compile_mode: str = "default"  # torch.compile's mode; reduce-overhead and max-autotune record CUDA graphs
+    compile_scope: str = "model"  # what is compiled: the whole model, or each of its layers (regional_compile.py)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, slower steps
     attn_implementation: str = "sdpa"  # flash_attention_2 > sdpa > eager: falls down the chain where one cannot run
     fused_adamw: bool = True  # one fused AdamW kernel where torch has one for the device (else foreach AdamW)
@@ -126,6 +127,8 @@ class HardwareConfig:
         _check(self.precision in PRECISIONS, f"hardware.precision={one_of(self.precision, PRECISIONS)}")
         _check(self.compile_mode in COMPILE_MODES,
                f"hardware.compile_mode={one_of(self.compile_mode, COMPILE_MODES)}")
+        _check(self.compile_scope in COMPILE_SCOPES,
+               f"hardware.compile_scope={one_of(self.compile_scope, COMPILE_SCOPES)}")
         _check(self.attn_implementation in ATTENTION,
                f"hardware.attn_implementation={one_of(self.attn_implementation, ATTENTION)}")
         _positive_int_or_auto(self.batch_size, "hardware.batch_size")

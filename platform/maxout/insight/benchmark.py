@@ -79,6 +79,8 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
             decision = compile_opt.resolve_mode(value, device, cfg.data.padding, _widths(cfg, device, value))
             if decision.changed:
                 return f"compile_mode {value}: {decision.reason}"
+        if axis == "compile_scope" and not asked.get("compile", cfg.hardware.compile):
+            return "compile_scope: compile is off (add compile=on to the grid, or hardware.compile=true)"
         if axis == "attention" and value == "flash_attention_2" and not device.flash_attention:
             return f"attention flash_attention_2: {device.flash_attention_reason}"
         if value is True and axis in checks:

@@ -44,6 +44,8 @@ AXES: dict[str, Axis] = {
     "compile_mode": Axis("hardware.compile_mode", ("default", "reduce-overhead", "max-autotune",
                                                    "max-autotune-no-cudagraphs"), in_default=False),
     "attention": Axis("hardware.attn_implementation", ("eager", "sdpa", "flash_attention_2"), in_default=False),
+    # what compile compiles (with compile=on): the whole model, or each of its layers (one layer's compile time)
+    "compile_scope": Axis("hardware.compile_scope", ("model", "layers"), in_default=False),
     # Fused kernels for the memory-bound ops (issue 37): Liger's for decoders, inductor's tuned ones (with compile)
     "liger_kernel": Axis("hardware.liger_kernel", (False, True), in_default=False),
     "inductor_tuning": Axis("hardware.inductor_tuning", (False, True), in_default=False),

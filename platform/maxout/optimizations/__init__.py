@@ -14,7 +14,7 @@ from .base import Decision, decide, named
 
 # Every optimization the trainer decides on, in the order they are logged (the smoke test is driven by this).
 NAMES = (
-    "precision", "tf32", "cudnn_benchmark", "deterministic", "fused_adamw", "compile", "compile_mode",
+    "precision", "tf32", "cudnn_benchmark", "deterministic", "fused_adamw", "compile", "compile_mode", "compile_scope",
     "gradient_checkpointing", "attention", "accumulation", "grad_clipping", "num_workers", "pin_memory",
     "persistent_workers", "prefetch_factor", "bucketing", "padding", "packing", "pad_widths", "freeze_encoder",
     "adapter", "fast_dropout", "liger_kernel", "low_precision_layernorm", "prepared_mask", "inductor_tuning",
@@ -26,9 +26,10 @@ ATTENTION = ("flash_attention_2", "sdpa", "eager")  # attention.py: fastest firs
 PACKING_ATTENTION = ("auto", "varlen", "mask")  # packing.py: how packed rows are kept apart in attention
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
+COMPILE_SCOPES = ("model", "layers")  # regional_compile.py: the whole model, or each repeated block (its layers)
 ADAPTERS = ("none", "lora", "dora")  # lora.py (peft)
 DATA_PARALLEL = ("auto", "ddp", "fsdp", "none")  # data_parallel.py: auto = ddp when there is more than one process
 BACKENDS = ("auto", "nccl", "gloo")  # the process group's backend: auto = nccl on CUDA, gloo on CPU
 
 __all__ = ["Decision", "decide", "named", "NAMES", "PRECISIONS", "ATTENTION", "PACKING_ATTENTION", "COMPILE_MODES",
-           "CUDAGRAPH_MODES", "ADAPTERS", "DATA_PARALLEL", "BACKENDS"]
+           "CUDAGRAPH_MODES", "COMPILE_SCOPES", "ADAPTERS", "DATA_PARALLEL", "BACKENDS"]

@@ -22,7 +22,7 @@ import torch._dynamo
 from torch._dynamo.utils import calculate_time_spent, counters
 from torch.utils._triton import has_triton
 
-from . import CUDAGRAPH_MODES
+from . import CUDAGRAPH_MODES, regional_compile
 from .base import Decision
 
 
@@ -82,10 +82,12 @@ def with_step_marks(forward: Callable) -> Callable:
     return forward_in_new_step
 
 
-def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any = "inductor") -> torch.nn.Module:
+def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any = "inductor",
+          scope: str = "model") -> torch.nn.Module:
     """Compile lazily (the first forward compiles). ``dynamic=True`` marks shapes symbolic from the start,
     so dynamic padding compiles once instead of once per sequence length. ``backend``: inductor for runs; tests
-    count graphs with dynamo's eager backends (a mode is inductor's, so it is passed to inductor only).
+    count graphs with dynamo's eager backends (a mode is inductor's, so it is passed to inductor only). ``scope``:
+    the compile_scope decision: the whole model, or its repeated blocks one by one (``layers``: regional_compile.py).
 
     Each call starts from an empty dynamo cache: a run compiles its own model. Dynamo keys its cache on the forward's
     code, which every run's model shares, and a new model instance is one more entry: the ninth run in a process
@@ -96,8 +98,10 @@ def apply(model: torch.nn.Module, mode: str, dynamic: bool | None, backend: Any 
     constant_floats()
     if backend == "inductor":
         no_size_guards(bool(dynamic))
-        return torch.compile(model, mode=mode, dynamic=dynamic)
-    return torch.compile(model, backend=backend, dynamic=dynamic)
+        compile_one = functools.partial(torch.compile, mode=mode, dynamic=dynamic)
+    else:
+        compile_one = functools.partial(torch.compile, backend=backend, dynamic=dynamic)
+    return compile_one(model) if scope == "model" else regional_compile.apply(model, compile_one)
 
 
 def constant_floats() -> None:

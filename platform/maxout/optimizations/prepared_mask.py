@@ -98,24 +98,28 @@ class MaskPreparer:
     ``apply`` for one model. ``builders``: the builder for each layer type the model has (``BIDIRECTIONAL``,
     ``CAUSAL``); ``single``: the model takes one tensor rather than a mapping by layer type; ``causal``: a decoder's
     (its unpadded batches keep their 2D mask); ``key``: the input the masks go to (``backbone_mask`` under per-sample
-    pooling, which keeps the 2D mask)."""
+    pooling, which keeps the 2D mask); ``always``: unpadded batches get their masks built too (compiled layers:
+    ``apply``)."""
 
     def __init__(self, config: Any, dtype: torch.dtype, builders: dict[str, Callable], single: bool = True,
-                 causal: bool = False, key: str = "attention_mask"):
+                 causal: bool = False, key: str = "attention_mask", always: bool = False):
         self.config, self.dtype, self.builders = config, dtype, builders
-        self.single, self.causal, self.key = single, causal, key
+        self.single, self.causal, self.key, self.always = single, causal, key, always
 
     def __call__(self, inputs: dict, has_padding: Optional[bool]) -> dict:
-        """``inputs`` with the masks transformers would build when ``has_padding`` is True; when False, an encoder's
-        without a mask and a decoder's as they are (the module docstring); as they are when None (unknown on the
-        host)."""
+        """``inputs`` with the masks transformers would build when ``has_padding`` is True (or ``always``); when
+        False, an encoder's without a mask and a decoder's as they are (the module docstring); as they are when None
+        (unknown on the host)."""
         mask = inputs.get("attention_mask")
-        if mask is None or mask.dim() != 2 or has_padding is None or (not has_padding and self.causal):
+        if mask is None or mask.dim() != 2 or has_padding is None:
             return inputs
-        prepared = dict(inputs)
-        if not has_padding:
+        if not has_padding and not self.always:
+            if self.causal:
+                return inputs
+            prepared = dict(inputs)
             del prepared["attention_mask"]
             return prepared
+        prepared = dict(inputs)
         rows, width = mask.shape
         # only its shape, dtype and device are read: the embeddings the model will compute
         embeddings = torch.empty(rows, width, 0, dtype=self.dtype, device=mask.device)
@@ -124,18 +128,20 @@ class MaskPreparer:
         return prepared
 
 
-def apply(model: torch.nn.Module, pooled: bool = False) -> MaskPreparer:
+def apply(model: torch.nn.Module, pooled: bool = False, always: bool = False) -> MaskPreparer:
     """A preparer for ``model`` (a transformers classifier of a type ``supported`` takes, peft-wrapped or not; its
     config names the attention implementation whose masks are built and the layer types they are built for, its
     embeddings' dtype is the masks' (an additive mask's minimum). ``pooled``: the loop calls it through per-sample
-    pooling (serving/pooling.py), whose backbone takes the prepared masks as ``backbone_mask``."""
+    pooling (serving/pooling.py), whose backbone takes the prepared masks as ``backbone_mask``. ``always``: masks for
+    unpadded batches too, where the layers are compiled alone (regional_compile.py): a layer graph traced with a mask
+    would compile a second graph for the first batch transformers hands no mask (an unpadded one), mid-run."""
     base = transformers_model(model)
     config, dtype = base.config, base.get_input_embeddings().weight.dtype
     key = "backbone_mask" if pooled else "attention_mask"
     if config.model_type in ENCODERS:
-        return MaskPreparer(config, dtype, {"full_attention": BIDIRECTIONAL["full_attention"]}, key=key)
+        return MaskPreparer(config, dtype, {"full_attention": BIDIRECTIONAL["full_attention"]}, key=key, always=always)
     if config.model_type in SLIDING_ENCODERS:  # it builds both whatever its layers are: so does this
-        return MaskPreparer(config, dtype, BIDIRECTIONAL, single=False, key=key)
+        return MaskPreparer(config, dtype, BIDIRECTIONAL, single=False, key=key, always=always)
     listed = getattr(config, "layer_types", None)
     if listed:  # a mapping by type, which these models take in place of building their own
         kinds = sorted(set(listed))
@@ -145,4 +151,5 @@ def apply(model: torch.nn.Module, pooled: bool = False) -> MaskPreparer:
     if unknown:
         raise ConfigError(f"hardware.prepared_mask: {config.model_type} has layers of type {unknown[0]!r}; it builds "
                           f"masks for {', '.join(CAUSAL)}")
-    return MaskPreparer(config, dtype, {kind: CAUSAL[kind] for kind in kinds}, single=not listed, causal=True, key=key)
+    return MaskPreparer(config, dtype, {kind: CAUSAL[kind] for kind in kinds}, single=not listed, causal=True, key=key,
+                        always=always)

@@ -27,7 +27,7 @@ from ..optimizations import accumulation, attention, bucketing, compile as compi
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
 from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, mix_order_reduction
-from ..optimizations import prepared_mask, tf32, varlen
+from ..optimizations import prepared_mask, regional_compile, tf32, varlen
 from ..serving import pooling
 from .distributed import SINGLE, World, keep_until_exit
 from .divergence import DivergenceWatch
@@ -64,6 +64,7 @@ class Setup:
     eager: Optional[Callable] = None  # ``forward`` before compile wrapped it (None: forward is not compiled)
     cuda_graphs: bool = False  # the compiled forward replays CUDA graphs (compile.py; gradients_in_buffers below)
     mask_preparer: Optional[prepared_mask.MaskPreparer] = None  # eager forwards' attention masks (prepared_mask.py)
+    compile_scope: str = "model"  # what ``forward`` compiled: the whole model, or its layers (regional_compile.py)
 
     def decision(self, name: str) -> Decision:
         return named(self.decisions, name)
@@ -93,10 +94,11 @@ class Setup:
     def model_inputs(self, batch: dict, compiled: bool = False) -> dict:
         """``batch``'s model inputs on the device. An eager forward's come with the attention mask prepared from the
         batch's host copy where prepared_mask is on, so transformers does not read it on the host (a sync per
-        forward); a compiled forward's keep the 2D mask its graph was traced with."""
+        forward); a compiled model's keep the 2D mask its graph was traced with. Compiled layers (compile_scope
+        layers) run inside an eager model, which builds their mask as an eager one does: theirs are prepared too."""
         device = self.device.torch_device
         inputs = {k: batch[k].to(device, non_blocking=True) for k in data_mod.MODEL_INPUTS if k in batch}
-        if self.mask_preparer is None or compiled:
+        if self.mask_preparer is None or (compiled and self.compile_scope == "model"):
             return inputs
         return self.mask_preparer(inputs, prepared_mask.padded(batch))
 
@@ -194,6 +196,8 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_mode = (compile_opt.resolve_mode(hw.compile_mode, device, d_pad.effective, d_widths.effective,
                                        d_parallel.effective)
               if d_compile.effective else Decision("compile_mode", hw.compile_mode, "none", "compile is off"))
+    d_scope = decide("compile_scope", hw.compile_scope,
+                     regional_compile.supported(d_compile.effective, d_parallel.effective), off="model")
     d_dropout = decide("fast_dropout", hw.fast_dropout,
                        fast_dropout.supported(device, d_compile.effective, d_ckpt.effective))
     d_liger = decide("liger_kernel", hw.liger_kernel,
@@ -204,7 +208,7 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
     d_mask = decide("prepared_mask", hw.prepared_mask, prepared_mask.supported(
         model_class.config_class.model_type, d_attn.effective, d_pad.effective, cfg.model.pooling))
     return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_packing, d_widths, d_fused,
-            d_clip, d_compile, d_mode, d_dropout, d_liger, d_tuning, d_mix_order, d_mask, d_parallel]
+            d_clip, d_compile, d_mode, d_scope, d_dropout, d_liger, d_tuning, d_mix_order, d_mask, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -329,14 +333,19 @@ def build_parallel(cfg: Config, device: DeviceInfo, model: torch.nn.Module, worl
                                world.local_rank, dc.find_unused_parameters, dc.fsdp_reshard_after_forward)
 
 
-def build_compile(cfg: Config, model: torch.nn.Module, planned: list[Decision]) -> Callable:
+def build_compile(cfg: Config, model: torch.nn.Module, planned: list[Decision]) -> tuple[Callable, Decision]:
+    """What the loop calls, and the compile_scope decision, checked on the built model (its repeated blocks)."""
+    d_scope = named(planned, "compile_scope")
+    if d_scope.effective == "layers":
+        d_scope = decide("compile_scope", d_scope.requested, regional_compile.supported(True, "none", model),
+                         off="model")
     if not named(planned, "compile").effective:
-        return model
+        return model, d_scope
     # Dynamic padding changes the sequence length every batch: mark shapes dynamic up front (one compile).
     static = cfg.data.padding == "max_length"
     mode = named(planned, "compile_mode").effective
-    compiled = compile_opt.apply(model, mode, dynamic=None if static else True)
-    return compile_opt.with_step_marks(compiled) if compile_opt.records_graphs(mode) else compiled
+    compiled = compile_opt.apply(model, mode, dynamic=None if static else True, scope=d_scope.effective)
+    return (compile_opt.with_step_marks(compiled) if compile_opt.records_graphs(mode) else compiled), d_scope
 
 
 def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
@@ -363,7 +372,8 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
     keep_until_exit(parallel)  # a rank's process group is never torn down by a destructor (distributed.py)
     optimizer, scheduler = build_optimizer(cfg, model, total, decisions)
     eager = parallel or classifier
-    forward = build_compile(cfg, eager, decisions)
+    forward, d_scope = build_compile(cfg, eager, decisions)
+    decisions = [d_scope if d.name == "compile_scope" else d for d in decisions]
     compiled = forward is not eager
     if named(decisions, "fast_dropout").effective:
         forward = fast_dropout.apply(forward)
@@ -377,7 +387,9 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   decisions=decisions, timings=timings, flop_probe=flop_probe, world=world, parallel=parallel,
                   eager=eager if compiled else None,
                   cuda_graphs=compiled and compile_opt.records_graphs(named(decisions, "compile_mode").effective),
-                  mask_preparer=(prepared_mask.apply(model, pooled=isinstance(classifier, pooling.PooledClassifier))
+                  compile_scope=d_scope.effective,
+                  mask_preparer=(prepared_mask.apply(model, pooled=isinstance(classifier, pooling.PooledClassifier),
+                                                     always=compiled and d_scope.effective == "layers")
                                  if named(decisions, "prepared_mask").effective else None),
                   # one rank re-running a step alone would leave the others waiting at its all-reduce
                   oom=OOMRecovery(enabled=world.size == 1))
