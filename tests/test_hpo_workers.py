@@ -9,6 +9,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import optuna
@@ -43,11 +45,27 @@ def study_overrides(store, data, epochs: int, trials: int) -> list[str]:
             "hpo.log_models=none", "hpo.sampler.seed=3"]
 
 
-def supervisor_process(store, overrides, workers="2"):
+def supervisor_process(store, overrides, workers="2", fresh=False):
+    """The supervisor forked warm (tests/warm_maxout.py), and so are the workers it starts; ``fresh``: a new
+    interpreter, whose workers are new interpreters too, its own children, as for a user."""
     log = open(store["dir"] / "supervisor.log", "w")
-    # the supervisor forked warm (tests/warm_maxout.py); the workers it starts are fresh processes, as for a user
-    return warm_maxout.popen(["hpo", *overrides, "--workers", workers, "--no-progress"], stdout=log,
-                             stderr=warm_maxout.STDOUT)
+    argv = ["hpo", *overrides, "--workers", workers, "--no-progress"]
+    if fresh:
+        return subprocess.Popen([sys.executable, "-m", "maxout", *argv], cwd=warm_maxout.ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+    return warm_maxout.popen(argv, stdout=log, stderr=warm_maxout.STDOUT)
+
+
+def workers_of(store, proc, count=2, timeout_s=240) -> list[int]:
+    """The pids of the supervisor's workers, as each names itself on its trials (a warm worker's parent is the warm
+    server, not the supervisor), waited for until ``count`` have trials."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        pids = sorted({pid_of(t) for t in journal_study(store).get_trials(deepcopy=False) if "worker" in t.user_attrs})
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError(log_of(store)[-3000:])
 
 
 def journal_study(store):
@@ -151,7 +169,7 @@ def test_two_workers_share_one_study_under_one_parent_and_a_sigkilled_workers_tr
 def test_ctrl_c_stops_every_worker_and_leaves_nothing_running(mlflow_store, small_data):
     proc = supervisor_process(mlflow_store, study_overrides(mlflow_store, small_data, epochs=40, trials=6))
     running_trial(mlflow_store, proc)
-    workers = [p.pid for p in psutil.Process(proc.pid).children()]
+    workers = workers_of(mlflow_store, proc)
     assert len(workers) == 2
     proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends (the workers are in sessions of their own)
     assert proc.wait(120) == 130, log_of(mlflow_store)[-3000:]
@@ -171,9 +189,13 @@ def test_ctrl_c_stops_every_worker_and_leaves_nothing_running(mlflow_store, smal
 
 @pytest.mark.slow
 def test_workers_of_a_sigkilled_supervisor_stop_on_their_own(mlflow_store, small_data):
-    proc = supervisor_process(mlflow_store, study_overrides(mlflow_store, small_data, epochs=40, trials=6))
+    """Fresh processes, as a user's: the workers are the supervisor's own children, started by subprocess, each
+    reading its lifeline (its standard input) from the supervisor."""
+    proc = supervisor_process(mlflow_store, study_overrides(mlflow_store, small_data, epochs=40, trials=6),
+                              fresh=True)
     victim = running_trial(mlflow_store, proc)
     workers = [p.pid for p in psutil.Process(proc.pid).children()]
+    assert len(workers) == 2 and sorted(workers) == workers_of(mlflow_store, proc)
     proc.kill()  # nothing can be forwarded now
     proc.wait(30)
     assert all(gone(pid, timeout_s=60) for pid in workers), "a worker outlived its supervisor"

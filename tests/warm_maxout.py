@@ -454,10 +454,12 @@ def _unbuffer() -> None:
 # parent, which is the server, not the caller. These places:
 # - torchrun's agent starting its workers (torch's SubprocessHandler), in ``maxout train --nproc-per-node N``;
 # - the GPU report's runner starting its sections, and the time-to-best benchmark starting its studies' segments
-#   (their subprocess.Popen, in ROUTED_FROM's processes).
-# Not maxout hpo's supervisor: its workers watch their parent's pid (hpo/supervisor.py) and start fresh.
+#   (their subprocess.Popen, in ROUTED_FROM's processes);
+# - maxout hpo's supervisor starting its workers (a forked maxout command's subprocess.Popen): a worker watches its
+#   supervisor through its standard input (hpo/supervisor.py), not through its parent's pid, so a forked one stops
+#   when its supervisor is gone as a fresh one does (tests/test_hpo_workers.py keeps one supervisor fresh).
 ROUTED = ("maxout", "benchmarks.gpu_report")
-ROUTED_FROM = BENCHMARKS
+ROUTED_FROM = (*BENCHMARKS, "maxout")
 POPEN_KEYWORDS = {"env", "cwd", "stdin", "stdout", "stderr", "text", "universal_newlines", "bufsize", "close_fds",
                   "start_new_session"}
 _ROUTE: Optional[_Server] = None  # in a command the server forked: that server (_become)

@@ -33,7 +33,9 @@ and the reading. Fewer trials, so the steady rate (start-up left out) is the fig
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -262,12 +264,13 @@ def study(ctx: Context, workers: Any, label: str, run_s: float, target: Optional
         top = psutil.Process(proc.pid)
         reason = "time slot"
         while proc.poll() is None:
+            trials = journal.trials()
             try:
-                for p in [top, *top.children(recursive=True)]:
+                for p in [top, *top.children(recursive=True), *trial_workers(trials)]:
                     seen.setdefault(p.pid, p)  # psutil.Process keeps the start time: a reused pid is not it
             except psutil.NoSuchProcess:
                 pass
-            if target is not None and len(finished(journal.trials())) >= target:
+            if target is not None and len(finished(trials)) >= target:
                 reason = f"{target} finished trials"
                 break
             if time.time() - started >= run_s:
@@ -305,6 +308,29 @@ def study(ctx: Context, workers: Any, label: str, run_s: float, target: Optional
         raise RuntimeError(f"the {label} study ended with code {code} before any trial finished: "
                            + " / ".join(tail))
     return result
+
+
+def trial_workers(trials: list) -> list:
+    """The processes of this host that ran these trials, as each worker names itself on its trials (the ``worker``
+    user attr, host:pid): the workers also where another process forked them (the tests' warm server) or they were
+    re-parented, which the supervisor's process tree would not show. A pid is taken only for a process started
+    before its first trial there: not a later process that reused the pid of a worker that had ended."""
+    import psutil  # lazy: see study()
+
+    first: dict[str, float] = {}
+    for t in trials:
+        worker = t.user_attrs.get("worker")
+        if worker and t.datetime_start is not None:
+            first[worker] = min(first.get(worker, float("inf")), t.datetime_start.timestamp())
+    found = []
+    for worker, started in first.items():
+        host, _, pid = worker.rpartition(":")
+        if host == socket.gethostname():
+            with contextlib.suppress(psutil.Error, ValueError):
+                p = psutil.Process(int(pid))
+                if p.create_time() <= started:
+                    found.append(p)
+    return found
 
 
 def _alive(p: Any) -> bool:

@@ -13,8 +13,8 @@ workers share the study's storage (journal file or RDB), the compile cache and t
   the invocation fails with that worker's error line.
 - Ctrl-C or SIGTERM stops every worker (SIGINT, then SIGKILL after ``STOP_GRACE_S``); a worker stops at its next
   training step or evaluation (``StopRequested``); trials still RUNNING then are failed and their runs end KILLED. Workers run in sessions of their own, so a terminal's Ctrl-C reaches the
-  supervisor alone and it decides; a worker whose supervisor is gone (SIGKILLed) notices within WATCH_S and stops
-  itself (``watch_supervisor``), so no process is left behind.
+  supervisor alone and it decides; a worker whose supervisor is gone (SIGKILLed) notices at once and stops itself
+  (``watch_supervisor``), so no process is left behind.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ SUPERVISOR_VAR = "MAXOUT_HPO_SUPERVISOR_PID"
 STOP_GRACE_S = 30.0
 RESPAWNS_PER_SLOT = 3
 POLL_S = 0.5
-WATCH_S = 0.25  # a worker looks this often whether its supervisor is alive (one getppid call)
 OWN_KEYS = ("hpo.workers=", "hpo.timeout_s=")  # what the supervisor sets for its workers
 PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm's (MLflow's artifact downloads, weight loading)
 
@@ -57,14 +56,18 @@ def worker_parent() -> Optional[str]:
 
 def watch_supervisor() -> None:
     """A worker stops itself (SIGTERM: its trial ends KILLED and FAIL) once its supervisor is gone: a SIGKILLed
-    supervisor can forward nothing, and its workers must not train on for nobody."""
-    expected = int(os.environ.get(SUPERVISOR_VAR, "0") or 0)
-    if not expected:
+    supervisor can forward nothing, and its workers must not train on for nobody.
+
+    Its lifeline is its standard input, a pipe whose only writing end the supervisor holds and never writes to:
+    the kernel closes it when the supervisor exits, however it ends, and the read below returns end-of-file. That
+    holds whichever process forked the worker (not only a parent watched with getppid), and costs no polling."""
+    if not os.environ.get(SUPERVISOR_VAR):
         return
 
     def watch() -> None:
-        while os.getppid() == expected:
-            time.sleep(WATCH_S)
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="maxout-supervisor-watch", daemon=True).start()
@@ -132,9 +135,10 @@ class Worker:
         self.slot = slot
         env = {**os.environ, **slot.env(), PARENT_VAR: parent_run_id or "",
                SUPERVISOR_VAR: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        # stdin: the worker's lifeline (watch_supervisor), held open here and never written
         self.proc = subprocess.Popen([sys.executable, "-m", "maxout", "hpo", *overrides, "--no-progress"], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                     start_new_session=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, bufsize=1, start_new_session=True)
         self.id = f"{HOST}:{self.proc.pid}"  # what its trials carry as the `worker` user attr
         self.tail: collections.deque = collections.deque(maxlen=40)
         self._pump = threading.Thread(target=self._forward, daemon=True)
@@ -150,6 +154,7 @@ class Worker:
 
     def finish(self) -> int:
         code = self.proc.wait()
+        self.proc.stdin.close()
         self._pump.join(timeout=5)
         return code
 
