@@ -859,7 +859,7 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
         assert (study["stop"], study["left_behind"], row["running_runs"]) == ("SIGINT", [], 0)
         assert (study["trials_left_running"], study["finished_after_sigint"]) == ([], 0)
         assert study["workers_seen"] == row["workers"]  # each worker process ran trials
-        # the supervisor and its workers were watched (forked warm here, so found by the supervisor they name)
+        # the supervisor and its workers were watched (forked warm here, so found by the trials they name)
         assert study["processes_seen"] >= 1 + (row["workers"] if row["workers"] > 1 else 0)
         tracked = study["tracked"]
         assert tracked["parent_runs"] == 1 and tracked["trial_runs_nested"] == tracked["trial_runs"] >= row["trials"]
