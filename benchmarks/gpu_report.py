@@ -230,8 +230,11 @@ class Runner:
         started = time.time()
         # maxout's own files (checkpoints, the batch finder's cache, the spool) go to the scratch folder, not the tree
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "MAXOUT_STATE_DIR": str(self.work / "state")}
+        # A process group of its own, which _stop kills whole at the section's limit (the hpo section's supervisor and
+        # workers with it); not a session of its own, which isolates it no further from a terminal's Ctrl-C and which
+        # the section's own commands could not join when the tests fork them warm (tests/warm_maxout.py, ROUTED)
         child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True, env=env)
+                                 process_group=0, env=env)
         pump = threading.Thread(target=_pump, args=(child, log_file, name), daemon=True)
         pump.start()
         timed_out, code, seen = False, None, None
@@ -303,7 +306,7 @@ def _pump(child: subprocess.Popen, log_file: Path, name: str) -> None:
 
 
 def _stop(child: subprocess.Popen) -> int | None:
-    """End the child and everything it started (its own session): SIGTERM, then SIGKILL after 10 s."""
+    """End the child and everything it started (its own process group): SIGTERM, then SIGKILL after 10 s."""
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(child.pid, sig)

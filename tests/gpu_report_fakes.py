@@ -14,6 +14,7 @@ def works(ctx: Context) -> None:
     ctx.record("value", 42)
     ctx.record("previous", sorted(ctx.previous))  # what the sections before it left
     ctx.record("parent", os.getppid())  # the runner's pid, or the tests' warm server's (tests/warm_maxout.py)
+    ctx.record("own_group", os.getpgid(0) == os.getpid())  # the runner's kill at its limit ends the group whole
 
 
 def raises(ctx: Context) -> None:

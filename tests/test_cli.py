@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -76,7 +77,8 @@ def test_python_dash_m_exits_with_the_code_and_one_line():
 
 def test_a_forked_command_starts_its_own_python_dash_m_commands_forked_from_the_same_server(tmp_path):
     """tests/warm_maxout.py's ROUTED: the GPU report's runner, forked warm, starts its section forked from the same
-    server (its parent is the server, not the runner); the section records what it records from a fresh runner."""
+    server (its parent is the server, not the runner), in a process group of its own as from a fresh runner; the
+    section records what it records from a fresh runner."""
     fakes = ["--sections", "works", "--registry", "tests.gpu_report_fakes:SECTIONS", "--cuda", "no"]
     fresh = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu_report", "--out", str(tmp_path / "fresh"), *fakes],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -88,21 +90,23 @@ def test_a_forked_command_starts_its_own_python_dash_m_commands_forked_from_the_
     assert on_fresh["status"] == on_warm["status"] == "ok"
     assert on_fresh["results"].pop("parent") == fresh.pid
     assert on_warm["results"].pop("parent") == warm_maxout._server().proc.pid
-    assert on_fresh["results"] == on_warm["results"] == {"value": 42, "previous": []}
+    assert on_fresh["results"] == on_warm["results"] == {"value": 42, "previous": [], "own_group": True}
 
 
 def test_only_what_a_fresh_start_would_make_the_same_is_forked_from_the_server(tmp_path, monkeypatch):
     """tests/warm_maxout.py's _routed: ``python [-u] -m maxout|benchmarks.gpu_report`` with Popen's usual options,
-    the server's import-time settings, and a session of its own or the server's process group; nothing else."""
+    the server's import-time settings, and a session of its own, a process group of its own, or a group of the
+    server's session (the caller's, or the one given); nothing else."""
     route = warm_maxout._Server(None, tmp_path)  # as the server sees itself: this process's settings and group
     monkeypatch.setattr(warm_maxout, "_ROUTE", route)
     python, own = sys.executable, {"start_new_session": True}
     routed = warm_maxout._routed
-    assert routed([python, "-u", "-m", "maxout", "train", "x=1"], (), own) == ("maxout", ["train", "x=1"], True)
+    assert routed([python, "-u", "-m", "maxout", "train", "x=1"], (), own) == ("maxout", ["train", "x=1"], True,
+                                                                              None)
     assert routed((python, "-m", "benchmarks.gpu_report", "--child", "hpo"), (),
-                  {**own, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "cwd": ROOT}) == (
-        "benchmarks.gpu_report", ["--child", "hpo"], False)
-    assert routed([python, "-m", "maxout", "hpo"], (), {}) == ("maxout", ["hpo"], False)  # the server's group
+                  {"process_group": 0, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
+                   "cwd": ROOT}) == ("benchmarks.gpu_report", ["--child", "hpo"], False, 0)
+    assert routed([python, "-m", "maxout", "hpo"], (), {}) == ("maxout", ["hpo"], False, None)  # the server's group
     for args, positional, kwargs in (
             ([python, "-c", "import maxout"], (), own),  # not a module run
             ([python, "-m", "mlflow", "server"], (), own),  # not one of ROUTED
@@ -115,9 +119,38 @@ def test_only_what_a_fresh_start_would_make_the_same_is_forked_from_the_server(t
             ([python, "-m", "maxout", "train"], (), {**own, "close_fds": False}),  # it would inherit every fd
             ([python, "-m", "maxout", "train"], (), {**own, "env": {**os.environ, "HF_HOME": str(tmp_path)}})):
         assert routed(args, positional, kwargs) is None, (args, positional, kwargs)
-    route.group = -1  # a caller in another group: a child forked from the server would not join it
+    route.group = -1  # a caller in another group of the server's session: the child joins the caller's group
+    assert routed([python, "-m", "maxout", "hpo"], (), {}) == ("maxout", ["hpo"], False, os.getpgid(0))
+    route.session = -1  # ... of another session: a child forked from the server could not join it
     assert routed([python, "-m", "maxout", "hpo"], (), {}) is None
-    assert routed([python, "-m", "maxout", "hpo"], (), own) == ("maxout", ["hpo"], False)
+    assert routed([python, "-m", "maxout", "hpo"], (), {"process_group": os.getpgid(0)}) is None
+    assert routed([python, "-m", "maxout", "hpo"], (), own) == ("maxout", ["hpo"], False, None)
+    assert routed([python, "-m", "maxout", "hpo"], (), {"process_group": 0}) == ("maxout", ["hpo"], False, 0)
+
+
+def test_a_forked_command_starts_in_the_process_group_it_is_given(tmp_path):
+    """tests/warm_maxout.py's process_group, as Popen's: 0 makes the child a group of its own; a group of the server's
+    session makes it a member of that group, which one killpg ends whole (the GPU report's runner starts each
+    section so, and the hpo section its study's supervisor in the section's group)."""
+    from .store_template import new_store
+
+    uri = new_store(tmp_path / "mlflow.db")
+    holders = []
+    try:
+        for name, group in (("a", 0), ("b", None)):  # tests/lock_holder.py: holds a lock until its stdin closes
+            holders.append(warm_maxout.popen([uri, name], program="tests.lock_holder", stdin=warm_maxout.PIPE,
+                                             stdout=warm_maxout.PIPE,
+                                             process_group=holders[0].pid if group is None else group))
+            assert holders[-1].stdout.readline().startswith("held"), name
+        leader, member = holders
+        assert os.getpgid(leader.pid) == os.getpgid(member.pid) == leader.pid != os.getpgid(0)
+        assert os.getsid(member.pid) == os.getsid(warm_maxout._server().proc.pid)
+        os.killpg(leader.pid, signal.SIGKILL)
+        assert [p.wait(60) for p in holders] == [-signal.SIGKILL] * 2
+    finally:
+        for p in holders:
+            if p.poll() is None:
+                p.kill()
 
 
 def test_the_warm_server_takes_the_tests_environment_whoever_starts_it(monkeypatch):

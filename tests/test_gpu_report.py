@@ -94,7 +94,7 @@ def test_a_runner_killed_mid_way_leaves_the_report_of_every_section_before(tmp_p
         assert "| hangs | running |" in (out / "report.md").read_text()
     finally:
         runner.kill()
-        if pid_file.exists():  # the section's process, which the kill left behind in its own session
+        if pid_file.exists():  # the section's process, which the kill left behind in its own process group
             try:
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
             except ProcessLookupError:

@@ -6,9 +6,10 @@ signals, a SIGKILL mid-run, a supervisor's workers), not their start-up, that is
 :func:`run` give such a process for ~0.3 CPU-s instead: a per-test-process server (``python -m tests.warm_maxout``,
 started on first use, ended with its parent) imported maxout's command modules once, and forks one child per command.
 The child is what a fresh process that imported the same modules first would be, as in tests/job_race.py: its own
-pid, session (``start_new_session``), working folder, environment (the caller's, set before the command runs), and
-standard streams (the caller's pipes or files, passed over a Unix socket); it runs ``cli.run(argv)`` and exits as
-``python -m maxout`` does. Signals reach it directly (its pid is real); its exit status comes back through the socket.
+pid, session (``start_new_session``) or process group (``process_group``), working folder, environment (the
+caller's, set before the command runs), and standard streams (the caller's pipes or files, passed over a Unix
+socket); it runs ``cli.run(argv)`` and exits as ``python -m maxout`` does. Signals reach it directly (its pid is
+real); its exit status comes back through the socket.
 
 ``popen(argv, program="mlflow")`` forks ``python -m mlflow ...`` the same way: tests/services.py's MLflow servers
 (:func:`mlflow_command`). ``program="tests.job_race"`` (any of :data:`HELPERS`) forks ``python -m tests.job_race ...``:
@@ -54,7 +55,7 @@ class Process:
 
     def __init__(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Path = ROOT, stdout: Any = None,
                  stderr: Any = None, text: bool = True, start_new_session: bool = False, program: str = "maxout",
-                 stdin: Any = None, unbuffered: bool = False):
+                 stdin: Any = None, unbuffered: bool = False, process_group: Optional[int] = None):
         if program not in PROGRAMS:
             raise ValueError(f"tests.warm_maxout: program={program!r} (valid: {', '.join(PROGRAMS)})")
         self.args = [program, *argv]
@@ -89,7 +90,8 @@ class Process:
             else:
                 sent.append(spec if isinstance(spec, int) else spec.fileno())
         request = {"program": program, "argv": list(argv), "env": dict(os.environ if env is None else env),
-                   "cwd": str(cwd), "new_session": start_new_session, "unbuffered": unbuffered}
+                   "cwd": str(cwd), "new_session": start_new_session, "process_group": process_group,
+                   "unbuffered": unbuffered}
         server = _ROUTE or _server()  # in a command the server forked: that same server
         if program in RUN_MAXOUT_COMMANDS:
             _check_import_time_settings(request["env"], server.settings)
@@ -236,6 +238,7 @@ class _Server:
         self.proc, self.folder, self.path = proc, folder, folder / "socket"
         self.settings = import_time_settings(os.environ if env is None else env)
         self.group = os.getpgid(0)  # read in the server itself (ROUTED): the group its children start in
+        self.session = os.getsid(0)  # ... and their session, whose groups a child may join (_routed)
 
 
 def import_time_settings(env) -> dict:
@@ -406,6 +409,8 @@ def _become(request: dict, fds: list[int], conn: socket.socket, route: _Server) 
     conn.close()
     if request["new_session"]:
         os.setsid()
+    elif request.get("process_group") is not None:  # 0: a group of its own; else the caller's (in the same session)
+        os.setpgid(0, request["process_group"])
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     for fd in set(fds):
@@ -457,17 +462,22 @@ def _unbuffer() -> None:
 #   (their subprocess.Popen, in ROUTED_FROM's processes);
 # - maxout hpo's supervisor starting its workers (a forked maxout command's subprocess.Popen): a worker watches its
 #   supervisor through its standard input (hpo/supervisor.py), not through its parent's pid, so a forked one stops
-#   when its supervisor is gone as a fresh one does (tests/test_hpo_workers.py keeps one supervisor fresh).
+#   when its supervisor is gone as a fresh one does (tests/test_hpo_workers.py keeps one supervisor fresh);
+# - the GPU report's hpo section starting a study's supervisor in the section's own process group (the report's kill
+#   at the section's limit reaches the group): the forked child joins that group, which the runner starts in the
+#   server's session (process_group=0, not a session of its own; a process can join only a group of its session).
+#   Fresh, each study's supervisor and workers cost ~25 CPU-s of imports each on the Zen 1 CI CPU (2026-12-02).
 ROUTED = ("maxout", "benchmarks.gpu_report")
 ROUTED_FROM = (*BENCHMARKS, "maxout")
 POPEN_KEYWORDS = {"env", "cwd", "stdin", "stdout", "stderr", "text", "universal_newlines", "bufsize", "close_fds",
-                  "start_new_session"}
+                  "start_new_session", "process_group"}
 _ROUTE: Optional[_Server] = None  # in a command the server forked: that server (_become)
 
 
-def _routed(args: Any, positional: tuple, kwargs: dict) -> Optional[tuple[str, list[str], bool]]:
-    """(program, argv, unbuffered) where ``Popen(args, *positional, **kwargs)`` can be forked from the server and be
-    what it would start; None where it cannot (anything else, other options, other import-time settings)."""
+def _routed(args: Any, positional: tuple, kwargs: dict) -> Optional[tuple[str, list[str], bool, Optional[int]]]:
+    """(program, argv, unbuffered, process group) where ``Popen(args, *positional, **kwargs)`` can be forked from the
+    server and be what it would start; None where it cannot (anything else, other options, other import-time
+    settings, a process group in another session)."""
     words = [str(w) for w in args] if isinstance(args, (list, tuple)) else []
     if positional or set(kwargs) - POPEN_KEYWORDS or kwargs.get("close_fds") is False or words[:1] != [
             sys.executable]:
@@ -480,9 +490,12 @@ def _routed(args: Any, positional: tuple, kwargs: dict) -> Optional[tuple[str, l
     env = os.environ if kwargs.get("env") is None else kwargs["env"]
     if program not in ROUTED or import_time_settings(env) != _ROUTE.settings:
         return None
-    if not kwargs.get("start_new_session") and os.getpgid(0) != _ROUTE.group:
-        return None  # it would join this process's group: one forked from the server starts in the server's
-    return program, argv, "-u" in options
+    group = kwargs.get("process_group")
+    if not kwargs.get("start_new_session") and group is None and os.getpgid(0) != _ROUTE.group:
+        group = os.getpgid(0)  # it would join this process's group: one forked from the server starts in the server's
+    if group and os.getsid(0) != _ROUTE.session:
+        return None  # a group of another session (this process's own, say): a process can join none of those
+    return program, argv, "-u" in options, group
 
 
 def _routing(popen: type) -> type:
@@ -493,12 +506,12 @@ def _routing(popen: type) -> type:
             found = _routed(args, positional, kwargs)
             if found is None:
                 return super().__new__(cls)
-            program, argv, unbuffered = found
+            program, argv, unbuffered, group = found
             return Process(argv, env=kwargs.get("env"), cwd=kwargs.get("cwd") or os.getcwd(),
                            stdin=kwargs.get("stdin"), stdout=kwargs.get("stdout"), stderr=kwargs.get("stderr"),
                            text=bool(kwargs.get("text") or kwargs.get("universal_newlines")),
                            start_new_session=bool(kwargs.get("start_new_session")), program=program,
-                           unbuffered=unbuffered)
+                           unbuffered=unbuffered, process_group=group)
 
     return Routed
 
