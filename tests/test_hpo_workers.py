@@ -334,13 +334,15 @@ def test_no_more_workers_than_trials_left_and_no_probe_for_one(tmp_path, cpu_dev
 
 
 def test_the_real_probe_measures_a_workers_training(tmp_path, small_data):
+    """The probe processes forked warm (tests/warm_maxout.py): real processes, each with its slot's environment."""
     overrides = ["hardware=cpu", "model=tiny", *small_data, "tracking=none"]
     slots = placement.slots(2, cpu(2))
-    results = auto_workers.run_probes(overrides, slots, steps=6)
-    assert len(results) == 2 and all(r["samples_per_s"] > 0 and r["peak_rss_gb"] > 0 for r in results)
-    with pytest.raises(Exception, match="the throughput probe with 1 worker"):
-        auto_workers.run_probes(["hardware=cpu", "model=tiny", "data.train_path=/nonexistent.csv"],
-                                slots[:1], steps=2)
+    with warm_maxout.forking_here():
+        results = auto_workers.run_probes(overrides, slots, steps=6)
+        assert len(results) == 2 and all(r["samples_per_s"] > 0 and r["peak_rss_gb"] > 0 for r in results)
+        with pytest.raises(Exception, match="the throughput probe with 1 worker"):
+            auto_workers.run_probes(["hardware=cpu", "model=tiny", "data.train_path=/nonexistent.csv"],
+                                    slots[:1], steps=2)
 
 
 def test_the_supervisor_names_how_a_worker_ended_and_spreads_workers_over_gpus():

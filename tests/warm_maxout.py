@@ -27,6 +27,7 @@ moment: tests that change HF_* variables, read by huggingface_hub at import, sta
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import importlib
 import json
@@ -40,7 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Optional, Sequence
+from typing import IO, Any, Iterator, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
@@ -217,12 +218,14 @@ BENCHMARKS = ("benchmarks.gpu_report", "benchmarks.hpo_time_to_best")
 # torchrun (``python -m torch.distributed.run``, what its console script runs): its agent starts its workers forked
 # from the same server in turn (ROUTED), as `maxout train --nproc-per-node`'s launcher does in a forked maxout command
 LAUNCHERS = ("torch.distributed.run",)
-RUN_AS_MAIN = (*HELPERS, *BENCHMARKS, *LAUNCHERS)  # each run by runpy, as ``python -m NAME`` runs it
+# maxout's own modules run as programs: hpo.workers=auto's throughput probe (hpo/auto_workers.py starts one per slot)
+MAXOUT_MODULES = ("maxout.hpo.probe",)
+RUN_AS_MAIN = (*HELPERS, *BENCHMARKS, *LAUNCHERS, *MAXOUT_MODULES)  # each run by runpy, as ``python -m NAME`` runs it
 PROGRAMS = ("maxout", "mlflow", *RUN_AS_MAIN)
 # The programs that run maxout commands, which may reach the Hub or read torch's settings: a request whose
 # IMPORT_TIME_PREFIXES settings differ from the server's is refused. The others read none of them: MLflow's server,
 # its scoring server (a logged model's local files), and the registry's lock and race drivers.
-RUN_MAXOUT_COMMANDS = ("maxout", "tests.job_race", *BENCHMARKS)
+RUN_MAXOUT_COMMANDS = ("maxout", "tests.job_race", *BENCHMARKS, *MAXOUT_MODULES)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -467,7 +470,9 @@ def _unbuffer() -> None:
 #   at the section's limit reaches the group): the forked child joins that group, which the runner starts in the
 #   server's session (process_group=0, not a session of its own; a process can join only a group of its session).
 #   Fresh, each study's supervisor and workers cost ~25 CPU-s of imports each on the Zen 1 CI CPU (2026-12-02).
-ROUTED = ("maxout", "benchmarks.gpu_report")
+# - hpo.workers=auto's throughput probes (hpo/auto_workers.py), from a forked maxout command or, in
+#   :func:`forking_here`, from the test's own process.
+ROUTED = ("maxout", "benchmarks.gpu_report", *MAXOUT_MODULES)
 ROUTED_FROM = (*BENCHMARKS, "maxout")
 POPEN_KEYWORDS = {"env", "cwd", "stdin", "stdout", "stderr", "text", "universal_newlines", "bufsize", "close_fds",
                   "start_new_session", "process_group"}
@@ -514,6 +519,21 @@ def _routing(popen: type) -> type:
                            unbuffered=unbuffered, process_group=group)
 
     return Routed
+
+
+@contextlib.contextmanager
+def forking_here() -> Iterator[None]:
+    """In the test's own process, what a forked command has (ROUTED): its ``subprocess.Popen`` of a program of ROUTED
+    forked from this process's server, for code a test calls in-process that starts such processes itself
+    (auto_workers.run_probes). Restored on exit."""
+    global _ROUTE
+    before, popen = _ROUTE, subprocess.Popen
+    _ROUTE = _server()
+    subprocess.Popen = _routing(popen)
+    try:
+        yield
+    finally:
+        _ROUTE, subprocess.Popen = before, popen
 
 
 def _route_commands(program: str) -> None:
