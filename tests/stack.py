@@ -21,7 +21,7 @@ from typing import Iterator, Mapping
 
 import yaml
 
-from . import services
+from . import services, warm_maxout
 from .conftest import ROOT
 
 DOCKER = ROOT / "docker"
@@ -192,11 +192,14 @@ def mlflow_server(compose: dict, settings: Mapping[str, str], hosts: Mapping[str
     port = services.free_port()
     command[command.index("--host") + 1] = "127.0.0.1"
     command[command.index("--port") + 1] = str(port)
-    command[0] = str(Path(sys.executable).parent / command[0])  # the venv's `mlflow`
+    assert command[0] == "mlflow", command  # the venv's `mlflow`: its console script runs `python -m mlflow`
     log = log_dir / f"mlflow-server-{port}.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=server_env(log_dir / f"home-{port}", **env),
-                                start_new_session=True)
+        # forked from the tests' warm server (warm_maxout.mlflow_command): MLflow's CLI and uvicorn in one process of
+        # their own, without an interpreter's imports for each (~8 CPU-s apiece on the Zen 1 CI CPU). The auth app
+        # reads MLFLOW_AUTH_CONFIG_PATH when it is imported, in that process, which the warm server never imports
+        proc = warm_maxout.popen(command[1:], program="mlflow", stdout=out, stderr=subprocess.STDOUT,
+                                 env=server_env(log_dir / f"home-{port}", **env), start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         services.wait_http(url + "/health", timeout_s=180, proc=proc)
