@@ -302,6 +302,24 @@ def fake_cuda(name="NVIDIA GeForce RTX 3090", memory_gb=24.0, cc=(8, 6), flash=F
 
 
 @pytest.fixture
+def graphs(monkeypatch):
+    """Every graph dynamo compiles from here on, through compile.apply (the trainer's only way to compile), counted
+    by dynamo's eager backend standing in for inductor: the same graphs and guards, no kernels generated."""
+    import functools
+
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from maxout.optimizations import compile as compile_opt
+
+    counter = CompileCounterWithBackend("eager")
+    monkeypatch.setattr(compile_opt, "apply", functools.partial(compile_opt.apply, backend=counter))
+    torch._dynamo.reset()
+    yield counter
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def one_torch_thread():
     """One intra-op thread for tiny-model steps: on a machine shared with other jobs, OpenMP threads spinning against
     other processes make a step up to ten times slower. Nothing asserted depends on it."""

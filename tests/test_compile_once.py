@@ -25,16 +25,6 @@ from maxout.train import train
 from .conftest import TINY
 
 
-@pytest.fixture
-def graphs(monkeypatch):
-    """Every graph dynamo compiles from here on, through compile.apply (the trainer's only way to compile)."""
-    counter = CompileCounterWithBackend("eager")
-    monkeypatch.setattr(compile_opt, "apply", functools.partial(compile_opt.apply, backend=counter))
-    torch._dynamo.reset()
-    yield counter
-    torch._dynamo.reset()
-
-
 def run(device, *overrides):
     cfg = loading.load([*TINY, "train.max_steps=-1", "train.epochs=2", "train.log_every=10", "hardware.compile=true",
                         "batch_finder.cache=false", *overrides], device=device)

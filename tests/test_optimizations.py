@@ -17,7 +17,7 @@ import torch
 
 from maxout import loading
 from maxout.optimizations import NAMES, grad_clipping, inductor_tuning, low_precision_layernorm, mix_order_reduction
-from maxout.optimizations import tf32
+from maxout.optimizations import skip_guards, tf32
 from maxout.tracking.tracker import NullTracker
 from maxout.train import train
 
@@ -62,13 +62,19 @@ SETTINGS: dict[str, Case] = {
                         lambda r, d: r.setup.optimizer.defaults["fused"] is True),
     "foreach_adamw": Case(["hardware.fused_adamw=false"], {"opt.fused_adamw.effective": "false"},
                           lambda r, d: r.setup.optimizer.defaults["foreach"] is True),
-    "compile": Case(["hardware.compile=true"], {"opt.compile.effective": "true", "opt.compile_mode.effective": "default"},
-                    lambda r, d: isinstance(r.setup.forward, torch._dynamo.eval_frame.OptimizedModule)
-                    and r.metrics["time/compile_s"] > 0),
+    "compile": Case(["hardware.compile=true"], {"opt.compile.effective": "true", "opt.compile_mode.effective": "default",
+                                                "opt.skip_guards.effective": "true"},
+                    lambda r, d: isinstance(r.setup.forward, skip_guards.GuardSkippingForward)
+                    and isinstance(r.setup.forward.__wrapped__, torch._dynamo.eval_frame.OptimizedModule)
+                    and r.metrics["time/compile_s"] > 0 and r.metrics["compile/forwards_guarded"] >= 1),
+    "skip_guards_off_without_compile": Case(  # on in every profile; the tiny run here does not compile
+        [], {"opt.skip_guards.requested": "true", "opt.skip_guards.effective": "false"},
+        lambda r, d: not isinstance(r.setup.forward, skip_guards.GuardSkippingForward),
+        {"opt.skip_guards.reason": "compile is off"}),
     "compile_mode_cudagraphs_fall_back_on_cpu": Case(
         ["hardware.compile=true", "hardware.compile_mode=reduce-overhead"],
         {"opt.compile_mode.requested": "reduce-overhead", "opt.compile_mode.effective": "default"},
-        lambda r, d: isinstance(r.setup.forward, torch._dynamo.eval_frame.OptimizedModule),
+        lambda r, d: isinstance(r.setup.forward.__wrapped__, torch._dynamo.eval_frame.OptimizedModule),
         {"opt.compile_mode.reason": "CUDA graphs need a CUDA device"}),
     "gradient_checkpointing": Case(["hardware.gradient_checkpointing=true"],
                                    {"opt.gradient_checkpointing.effective": "true"},

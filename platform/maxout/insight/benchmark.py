@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, named, packing
 from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, mix_order_reduction, pad_widths
-from ..optimizations import prepared_mask
+from ..optimizations import prepared_mask, skip_guards
 from ..optimizations import precision as precision_opt, tf32
 from ..tracking.params import NOTE, device_params, note, run_name
 from ..tracking.tracker import Tracker, closing, start
@@ -62,6 +62,8 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
               "inductor_tuning": lambda: inductor_tuning.supported(device, asked.get("compile", cfg.hardware.compile)),
               "mix_order_reduction": lambda: mix_order_reduction.supported(
                   device, asked.get("compile", cfg.hardware.compile)),
+              "skip_guards": lambda: skip_guards.supported(
+                  asked.get("compile", cfg.hardware.compile), asked.get("padding", cfg.data.padding) == "packed"),
               "low_precision_layernorm": lambda: low_precision_layernorm.supported(
                   device, precision_opt.resolve(asked.get("precision", cfg.hardware.precision), device).effective),
               # the attention and padding asked for (a model class without SDPA says so when its run builds it)

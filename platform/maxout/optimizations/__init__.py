@@ -18,7 +18,7 @@ NAMES = (
     "gradient_checkpointing", "attention", "accumulation", "grad_clipping", "num_workers", "pin_memory",
     "persistent_workers", "prefetch_factor", "bucketing", "padding", "packing", "pad_widths", "freeze_encoder",
     "adapter", "fast_dropout", "liger_kernel", "low_precision_layernorm", "prepared_mask", "inductor_tuning",
-    "mix_order_reduction", "data_parallel",
+    "mix_order_reduction", "skip_guards", "data_parallel",
 )
 
 PRECISIONS = ("bf16", "fp16", "fp32")  # precision.py: autocast dtype per name

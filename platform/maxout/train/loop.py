@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from .. import metrics as m
 from ..errors import first_line, raise_if_stop_requested
-from ..optimizations import grad_clipping
+from ..optimizations import grad_clipping, skip_guards
 from ..tracking.tracker import Tracker
 from .callbacks import Callback, CallbackList, TrainState
 from .evaluate import evaluate, evaluation_steps
@@ -181,6 +181,7 @@ def fit(s: Setup, tracker: Tracker, callbacks: Sequence[Callback] = (), progress
     results = state.totals.summary()  # throughput, wall, compile and evaluation time, peak memory: every segment's
     if meter.window is not None:
         results.update(meter.window.stop(results.get("time/steady_window_s")))
+    results.update(skip_guards.counts(s.forward))
     results.update(state.eval_metrics)
     results["time/first_step_s"] = state.first_step_s
     results["train/final_loss"] = state.train_loss

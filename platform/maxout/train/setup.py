@@ -27,7 +27,7 @@ from ..optimizations import accumulation, attention, bucketing, compile as compi
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
 from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, mix_order_reduction
-from ..optimizations import prepared_mask, regional_compile, tf32, varlen
+from ..optimizations import prepared_mask, regional_compile, skip_guards, tf32, varlen
 from ..serving import pooling
 from .distributed import SINGLE, World, keep_until_exit
 from .divergence import DivergenceWatch
@@ -207,8 +207,10 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
                          mix_order_reduction.supported(device, d_compile.effective))
     d_mask = decide("prepared_mask", hw.prepared_mask, prepared_mask.supported(
         model_class.config_class.model_type, d_attn.effective, d_pad.effective, cfg.model.pooling))
+    d_skip = decide("skip_guards", hw.skip_guards, skip_guards.supported(
+        d_compile.effective, d_pad.effective == "packed", d_parallel.effective))
     return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_packing, d_widths, d_fused,
-            d_clip, d_compile, d_mode, d_scope, d_dropout, d_liger, d_tuning, d_mix_order, d_mask, d_parallel]
+            d_clip, d_compile, d_mode, d_scope, d_dropout, d_liger, d_tuning, d_mix_order, d_mask, d_skip, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -375,6 +377,8 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
     forward, d_scope = build_compile(cfg, eager, decisions)
     decisions = [d_scope if d.name == "compile_scope" else d for d in decisions]
     compiled = forward is not eager
+    if compiled and named(decisions, "skip_guards").effective:  # guards for unseen inputs only (skip_guards.py)
+        forward = skip_guards.apply(forward, eager)
     if named(decisions, "fast_dropout").effective:
         forward = fast_dropout.apply(forward)
     decisions += d_model + [d_accum]
