@@ -387,6 +387,29 @@ def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
     assert profile["top"] and all(t["kind"] in ("matmul", "attention", "other") for t in profile["top"])
 
 
+def test_the_host_split_times_the_guards_every_call_between_two_timings_that_skip_them(tmp_path, graphs,
+                                                                                          monkeypatch):
+    """vs_trainer's maxout runs time the same compiled steps with dynamo's guards at every call, between two timings
+    of the forward that skips them (hardware.skip_guards): A B A, the forward put back after."""
+    from maxout.optimizations import skip_guards
+
+    setup = tiny_setup(tmp_path, "hardware.compile=true")
+    skipping = setup.forward
+    assert isinstance(skipping, skip_guards.GuardSkippingForward)
+    calls, real = [], host_time._timed
+    monkeypatch.setattr(host_time, "_timed", lambda s, groups, steps, meter: calls.append(
+        s.forward is skipping) or real(s, groups, steps, meter))
+    got = host_time.split(setup, steps=3, profiled=0, guards_every_call=True)
+    assert calls == [True, False, True] and setup.forward is skipping
+    assert skipping.skipped > 0 and graphs.frame_count == 1  # the skipping timings skipped; one graph for all
+    for timed in (got, got["guards_every_call"], got["guards_every_call"]["skipping_again"]):
+        assert 0 < timed["issue_ms"] and timed["data_ms"] + timed["issue_ms"] <= timed["wall_ms"]
+    table = "\n".join(host_time.markdown({"maxout": got}))
+    assert "| maxout, dynamo's guards at every call (hardware.skip_guards=false) |" in table
+    assert "| maxout, guards skipped again for inputs already seen |" in table
+    assert "guards_every_call" not in host_time.split(setup, steps=1, profiled=0)  # asked for only
+
+
 def test_the_host_split_partitions_each_step_and_runs_on_across_epochs(tmp_path, monkeypatch):
     setup = tiny_setup(tmp_path, "hardware.num_workers=1", "hardware.persistent_workers=false")
     before = [p.detach().clone() for p in setup.model.parameters()]

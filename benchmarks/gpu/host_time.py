@@ -13,6 +13,8 @@ runs more steps of the trainer's own ``train_step`` and splits them three ways:
   workers, with ``auto`` workers (cores - 2) where it has none (the GPU profiles since 2026-11-27: on the H200 the
   workers' hand-over, unpickling each batch and the pin-memory thread beside the launching one, cost 3.3-4.3 ms a
   step at batch 64).
+- where asked (vs_trainer's maxout runs) and the compiled forward skips dynamo's guards for inputs already seen
+  (hardware.skip_guards): the same timing with the guards at every call, then skipping again (A B A, one graph).
 - counted (CUDA only): synchronizing operations per step, by torch's sync debug mode (insight/breakdown.py's
   counter; on a CPU tests/test_host_syncs.py counts them).
 - profiled (torch.profiler, a few steps; ``profiled=0`` leaves it out): kernel time and kernels per step, the CPU
@@ -100,10 +102,13 @@ def other_loader(loader: Any, workers: int) -> Any:
     return apply(loader.dataset, loader.batch_sampler, loader.collate_fn, settings)
 
 
-def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top: int = 10) -> dict:
+def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top: int = 10,
+          guards_every_call: bool = False) -> dict:
     """Per-step host figures over ``steps`` timed steps, ``counted`` ones (CUDA) and ``profiled`` profiled ones;
-    milliseconds per optimizer step."""
+    milliseconds per optimizer step. ``guards_every_call``: where the compiled forward skips dynamo's guards for
+    inputs already seen (hardware.skip_guards), also time the same steps with the guards at every call."""
     from maxout.metrics import Throughput  # lazy: imports torch
+    from maxout.optimizations import skip_guards  # lazy: imports torch
 
     meter, workers = Throughput(setup.device.torch_device), setup.train_loader.num_workers
     # Each generator is closed when done: a DataLoader iterator left suspended mid-epoch keeps its worker processes,
@@ -118,9 +123,24 @@ def split(setup: Any, steps: int = 10, counted: int = 5, profiled: int = 3, top:
                 # loader had long done (on the H200 that start-up read as ~50 ms of data wait a step over 10 steps)
                 _timed(setup, loaded, WARM_STEPS, meter)
                 out["other_loader"] = _timed(setup, loaded, steps, meter)
+        if guards_every_call and isinstance(setup.forward, skip_guards.GuardSkippingForward):
+            out["guards_every_call"] = _guards_every_call(setup, groups, steps, meter)
         out["syncs_per_step"] = _syncs(setup, groups, counted, meter) if setup.device.is_cuda else None
         out.update(_profiled(setup, groups, profiled, meter, top))
     return out
+
+
+def _guards_every_call(setup: Any, groups: Iterator[list], steps: int, meter: Any) -> dict:
+    """The same graph and batches with dynamo's guards evaluated at every call (the compiled forward itself, as
+    hardware.skip_guards=false runs it), then with the skipping forward again: with the first timing, A B A. At batch 64
+    under CUDA graphs the host sets the pace, and dynamo's cache lookup was 1.81 ms of its 13.7 ms a step (run 7)."""
+    skipping = setup.forward
+    setup.forward = skipping.__wrapped__
+    try:
+        guarded = _timed(setup, groups, steps, meter)
+    finally:
+        setup.forward = skipping
+    return {**guarded, "skipping_again": _timed(setup, groups, steps, meter)}
 
 
 def _syncs(setup: Any, groups: Iterator[list], steps: int, meter: Any) -> float:
@@ -223,6 +243,12 @@ def markdown(rows: dict[str, dict]) -> list[str]:
             how = "collated in the training process" if other == 0 else f"from {other} worker process{plural}"
             lines.append(f"| {name}, batches {how} (num_workers={other}, not {r['num_workers']}) | "
                          f"{m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | – | – | – | – | – | – |")
+        if r.get("guards_every_call"):
+            g = r["guards_every_call"]
+            for how, m in (("dynamo's guards at every call (hardware.skip_guards=false)", g),
+                           ("guards skipped again for inputs already seen", g["skipping_again"])):
+                lines.append(f"| {name}, {how} | {m['wall_ms']:.2f} | {m['data_ms']:.2f} | {m['issue_ms']:.2f} | "
+                             f"– | – | – | – | – | – |")
     for name, r in [(n, r) for n, r in rows.items() if r["top_host"]]:
         ops = ", ".join(f"`{o['op'][:60]}` {o['ms_per_step']:.2f}" for o in r["top_host"][:6])
         again = " (a second profile: the first caught no kernel)" if r.get("profile_attempts") == 2 else ""

@@ -125,7 +125,8 @@ def run(ctx: Context) -> None:
             # the demo mix's maxout runs also say where their host time goes (host_time.py); only its last one is
             # profiled, so no profiling comes before a headline run but the long mix's last pair (bound by the GPU)
             profiled = (3 if ctx.full else 1) if order == "maxout last" else 0
-            split = functools.partial(host_time.split, steps=10 if ctx.full else 2, profiled=profiled)
+            split = functools.partial(host_time.split, steps=10 if ctx.full else 2, profiled=profiled,
+                                      guards_every_call=True)  # hardware.skip_guards's A B A, ~0.3 s at batch 64
             got = bench.maxout_run(args if contender == "maxout" else argparse.Namespace(**{**vars(args),
                                                                                            "compile": False}),
                                    after=(lambda r: split(r.setup)) if mix == DEMO else None)
