@@ -120,6 +120,28 @@ def test_a_state_no_graph_fits_recompiles_under_the_forward_while_torchs_bare_st
         torch._dynamo.reset()
 
 
+def test_an_input_the_signature_does_not_tell_apart_is_refused_by_torch_and_runs_again_with_the_guards():
+    """torch's stance still checks the guards on tensors, which see more than the signature does (here an inference
+    tensor's dispatch keys): it refuses to recompile under the stance (a RuntimeError, before anything runs), and the
+    forward runs the call again with the full guards, as every later call."""
+    torch._dynamo.reset()
+    try:
+        counter = CompileCounterWithBackend("eager")
+        forward = skip_guards.GuardSkippingForward(torch.compile(lambda input_ids: input_ids * 2, backend=counter),
+                                                   torch.nn.Linear(1, 1))
+        x = torch.ones(3, 4)
+        forward(input_ids=x)
+        forward(input_ids=x)
+        with torch.inference_mode():
+            y = torch.ones(3, 4)
+        assert skip_guards.signature({"input_ids": y}, forward.module) == skip_guards.signature({"input_ids": x},
+                                                                                             forward.module)
+        assert forward(input_ids=y).equal(2 * y)
+        assert counter.frame_count == 2 and not forward.active and (forward.skipped, forward.guarded) == (1, 2)
+    finally:
+        torch._dynamo.reset()
+
+
 def test_inputs_that_are_not_tensors_or_plain_values_always_run_the_guards():
     module = torch.nn.Linear(1, 1)
     assert skip_guards.signature({"input_ids": torch.zeros(2, 3), "labels": None}, module) is not None

@@ -14,8 +14,10 @@ dtype, grad mode, autocast, the training flag) that has already passed the full 
 dynamo has compiled nothing since the first call. A new signature (an epoch's partial batch, a new width, an
 out-of-memory chunk, the batch finder's probes) runs the full guards; if they recompile, the skipping ends for the
 rest of the run, since with two graphs the differentiating guards alone would have to choose between them. So a
-skipped call runs the very graph the same signature's guarded call ran. Evaluation runs the eager model and never
-comes here.
+skipped call runs the very graph the same signature's guarded call ran. Where torch's remaining tensor guards still
+refuse a call (they see more of a tensor than the signature: an inference tensor's dispatch keys), it raises before
+running anything, and the call runs again with the full guards, as every later one. Evaluation runs the eager model
+and never comes here.
 
 Not with data parallelism: DDP's gradient sync (``no_sync`` between accumulated micro-batches) and FSDP's hooks are
 state of the wrapper that its guards cover and an input signature does not. Not with packed batches: their token
@@ -30,6 +32,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from .compile import compiled_graphs
+
+# What dynamo raises (from C++) where a call under skip_guard_eval_unsafe would need a new graph (torch 2.11-2.13)
+RECOMPILE_REFUSED = "Recompilation triggered with skip_guard_eval_unsafe stance"
 
 
 def supported(compiled: bool, packed: bool, parallel: str = "none") -> tuple[bool, str]:
@@ -80,9 +85,19 @@ class GuardSkippingForward:
             return self.forward(*args, **inputs)
         key = signature(inputs, self.module) if self.active else None
         if key is not None and key in self.seen and self.graphs() == self.baseline:
-            self.skipped += 1
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                return self.forward(**inputs)
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    out = self.forward(**inputs)
+                self.skipped += 1
+                return out
+            except RuntimeError as err:
+                if RECOMPILE_REFUSED not in str(err):
+                    raise
+                # The guards that tell graphs apart (those on tensors) failed for a signature seen before: they see
+                # more than it does (an inference tensor's dispatch keys, say). dynamo refused before running
+                # anything, so the call runs again with the full guards, as every call does from now on.
+                self.active = False
+                self.seen.clear()
         out = self.forward(**inputs)
         self.guarded += 1
         graphs = self.graphs()
