@@ -96,19 +96,22 @@ class GuardSkippingForward:
                 # The guards that tell graphs apart (those on tensors) failed for a signature seen before: they see
                 # more than it does (an inference tensor's dispatch keys, say). dynamo refused before running
                 # anything, so the call runs again with the full guards, as every call does from now on.
-                self.active = False
-                self.seen.clear()
+                self._stop_skipping()
         out = self.forward(**inputs)
         self.guarded += 1
         graphs = self.graphs()
         if self.baseline is None:
             self.baseline = graphs
         elif graphs != self.baseline:  # this call (or someone's in this process) compiled: stop skipping
-            self.active = False
-            self.seen.clear()
+            self._stop_skipping()
         if self.active and key is not None:
             self.seen.add(key)
         return out
+
+    def _stop_skipping(self) -> None:
+        """The full guards for every later call of the run."""
+        self.active = False
+        self.seen.clear()
 
 
 def apply(forward: Callable, module: Any) -> GuardSkippingForward:

@@ -377,7 +377,7 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
     forward, d_scope = build_compile(cfg, eager, decisions)
     decisions = [d_scope if d.name == "compile_scope" else d for d in decisions]
     compiled = forward is not eager
-    if compiled and named(decisions, "skip_guards").effective:  # guards for unseen inputs only (skip_guards.py)
+    if named(decisions, "skip_guards").effective:  # guards for unseen inputs only (skip_guards.py; needs compile)
         forward = skip_guards.apply(forward, eager)
     if named(decisions, "fast_dropout").effective:
         forward = fast_dropout.apply(forward)
