@@ -79,7 +79,8 @@ test: install
 	@# Bytecode for the project's own tree, once: the suite starts a few hundred Python processes, and where
 	@# PYTHONDONTWRITEBYTECODE is set (CI images) each would otherwise compile maxout from source again.
 	$(BIN)/python -m compileall -q -j 0 platform tests benchmarks projects > /dev/null
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25
+	@# Every test's time in build/test-results.xml: python -m benchmarks.suite_time summary says where it went
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25 --junitxml=build/test-results.xml
 
 ## test-fast: everything but the slow end-to-end tests
 test-fast: install
