@@ -86,13 +86,17 @@ def summary(found: list[tuple[float, str]], wall_s: float, workers: int, top: in
     return "\n".join(lines)
 
 
-def sample(out: Path, every_s: float) -> None:
+def sample(out: Path, every_s: float, count: int | None = None) -> None:
+    """Append /proc/stat's cpu line to ``out`` every ``every_s`` seconds: ``count`` lines, or until killed."""
+    written = 0
     with out.open("a") as f:
-        while True:
+        while count is None or written < count:
             with open("/proc/stat") as stat:
                 f.write(f"{time.time():.1f} {stat.readline()}")
             f.flush()
-            time.sleep(every_s)
+            written += 1
+            if count is None or written < count:
+                time.sleep(every_s)
 
 
 def main(argv: list[str] | None = None) -> int:
