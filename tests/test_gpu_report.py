@@ -24,7 +24,7 @@ import torch
 from packaging.utils import canonicalize_name
 
 from benchmarks import gpu_report
-from benchmarks.gpu import host_time, report, wheels, workloads
+from benchmarks.gpu import host_time, report, step_budget, wheels, workloads
 from benchmarks.gpu.sections import EXPECTED_S, PLANS, SECTIONS, gpu_tests, hpo, mfu, vs_trainer
 
 from . import warm_maxout
@@ -380,11 +380,79 @@ def test_the_compiled_mfu_turns_inductors_mix_order_reduction_off_and_measures_p
             in table)
 
 
-def test_a_profile_of_cpu_training_steps_adds_up(tmp_path):
-    profile = mfu.profile_steps(tiny_setup(tmp_path), steps=2)
+def test_a_profile_of_cpu_training_steps_adds_up_and_counts_the_model_flops_its_matmuls_did(tmp_path):
+    from maxout import metrics
+
+    # rows cut to 8 tokens: every demo row is longer, so each micro-batch is [batch, 8] and a step's tokens are known
+    setup = tiny_setup(tmp_path, "data.max_length=8")
+    profile = mfu.profile_steps(setup, steps=2)
     assert profile["steps"] == 2 and profile["device_ms"] > 0
     assert sum(profile["shares"].values()) == pytest.approx(1.0) and profile["shares"]["matmul"] > 0
     assert profile["top"] and all(t["kind"] in ("matmul", "attention", "other") for t in profile["top"])
+    assert sum(profile["per_step_ms"].values()) == pytest.approx(profile["device_ms"] / 2)
+    # the profiler's matmul FLOPs a step are the model's training FLOPs (metrics.count_flops: forward, both
+    # gradients, the tiny model's eager attention) at the step's tokens: what the MFU figure counts, padding aside
+    count = metrics.count_flops(setup.model, setup.model_config, 8.0)
+    tokens = setup.micro_batch * setup.accum_steps * 8
+    assert profile["matmul_flops_per_step"] == pytest.approx(count.total * tokens, rel=1e-3)
+    assert profile["matmul_tflops"] == pytest.approx(
+        profile["matmul_flops_per_step"] / (profile["per_step_ms"]["matmul"] / 1e3) / 1e12)
+
+
+def test_attention_kernels_are_timed_alone_on_the_same_rows_and_a_kernel_that_cannot_run_says_why():
+    from benchmarks.gpu import attention_kernels
+
+    got = attention_kernels.measure("cpu", rows=8, width=8, layers=2, reps=1)
+    sizes = attention_kernels.lengths(8, 8)
+    assert all(6 <= n <= 8 for n in sizes) and got["real_tokens"] == sum(sizes) and got["padded_tokens"] == 64
+    # metrics.count_flops' convention: 4 x width x length^2 a row forward, three times that with the backward
+    assert got["flops_per_layer"] == 3 * 4 * 12 * 64 * sum(n * n for n in sizes)
+    assert list(got["cases"]) == [name for name, *_ in attention_kernels.CASES]
+    math = got["cases"]["math, padding mask, dropout 0.1"]
+    assert math["ms_per_step"] == pytest.approx(2 * math["ms_per_layer"]) and math["tflops"] == pytest.approx(
+        got["flops_per_layer"] / (math["ms_per_layer"] / 1e3) / 1e12)
+    # a CPU has neither torch's varlen flash kernel nor cuDNN's: each is a finding with torch's reason
+    for refused in ("varlen flash, packed, no dropout", "cuDNN, padding mask, dropout 0.1"):
+        assert set(got["cases"][refused]) == {"error"} and got["cases"][refused]["error"]
+    assert "Triggered internally" not in got["cases"]["flash, rows without padding, dropout 0.1"]["error"]
+
+    shown = {"rows": 1024, "width": 72, "heads": 12, "head_dim": 64, "layers": 12, "real_tokens": 64512,
+             "padded_tokens": 73728, "cases": {
+                 "cuDNN, padding mask, dropout 0.1": {"ms_per_step": 16.4, "tflops": 27.0},
+                 "varlen flash, packed, no dropout": {"ms_per_step": 9.9, "tflops": 45.0},
+                 "math, padding mask, dropout 0.1": {"error": "out of memory"}}}
+    table = mfu.markdown({"cases": {}, "attention_kernels": shown})
+    assert "(1024 rows of <= 72 tokens (88% real), 12 heads of 64, 12 layers;" in table
+    assert table.index("| varlen flash, packed, no dropout | 9.9 | 45 |") < table.index("| cuDNN, padding mask")
+    assert "| math, padding mask, dropout 0.1 | – | – (out of memory) |" in table
+    assert ("Fastest: varlen flash, packed, no dropout, 6.5 ms a step less than cuDNN, padding mask, dropout 0.1 "
+            "(what bucketed training runs).") in table
+
+
+def test_the_step_budget_says_what_p3_leaves_of_the_step_and_where_the_kernels_go():
+    # run 7's eager bf16-LayerNorm case (2026-11-28), its figures as analysed by hand then
+    case = {"step_ms": 128.0, "mfu_datasheet": 0.262, "measured_peak_tflops": 790.0,
+            "profile": {"per_step_ms": {"matmul": 54.0, "attention": 16.0, "other": 46.0}, "matmul_tflops": 711.0}}
+    assert step_budget.step_budget("eager", case) == (
+        "Step budget of eager: 128.0 ms a step, 116.0 ms of kernels (matmul 54.0 ms at 711 TFLOP/s (90% of the "
+        "measured matmul peak), attention 16.0 ms, other 46.0 ms), 12.0 ms without one. P3's 35% of the data sheet "
+        "needs 95.8 ms a step at these tokens a step: 32.2 ms less.")
+    # no matmul FLOPs counted (CUDA graphs), no peak measured, P3 met
+    met = {"step_ms": 80.0, "mfu_datasheet": 0.40,
+           "profile": {"per_step_ms": {"matmul": 50.0, "attention": 10.0, "other": 25.0}, "matmul_tflops": None}}
+    assert step_budget.step_budget("graphs", met) == (
+        "Step budget of graphs: 80.0 ms a step, 85.0 ms of kernels (matmul 50.0 ms, attention 10.0 ms, other "
+        "25.0 ms), no time without one. P3's 35% of the data sheet needs 91.4 ms a step at these tokens a step: met.")
+    # a report from before the budget (run 7's): its figures from the profile's shares and the run's samples/s
+    old = {"micro_batch": 1024, "accumulation": 1, "steady_samples_per_s": 8000.0, "mfu_datasheet": 0.262,
+           "profile": {"steps": 3, "device_ms": 348.0, "shares": {"matmul": 0.5, "attention": 0.125, "other": 0.375}}}
+    report_json = {"sections": [{"name": "environment", "results": {}},
+                                {"name": "mfu", "results": {"cases": {"old": old, "no profile": {}}}}]}
+    assert step_budget.budgets(report_json) == [
+        "Step budget of old: 128.0 ms a step, 116.0 ms of kernels (matmul 58.0 ms, attention 14.5 ms, other 43.5 "
+        "ms), 12.0 ms without one. P3's 35% of the data sheet needs 95.8 ms a step at these tokens a step: 32.2 ms "
+        "less."]
+    assert step_budget.step_budget("older", {"profile": {}}) == "Step budget of older: not in this report."
 
 
 def test_the_host_split_times_the_guards_every_call_between_two_timings_that_skip_them(tmp_path, graphs,

@@ -1,7 +1,10 @@
 """4. MFU: BERT-base at sequence length <= 128, bf16, ``hardware=auto``'s profile, at a given micro-batch (no batch
 finder: its probes compiled graphs of their own, 108 s on the H200), against the data sheet's dense peak and against
-the matmul peak the environment section measured; then torch.profiler over a few more steps: the top kernels and the
-share of device time that is neither matmul nor attention.
+the matmul peak the environment section measured; then torch.profiler over a few more steps: the top kernels, the
+share of device time that is neither matmul nor attention, and the step budget (``step_budget``): the step's
+milliseconds by kind of kernel, the matmuls' own TFLOP/s from the FLOPs the profiler counts for them, and the step
+P3's MFU would need. Run 7's eager case, worked out by hand from its profile, had matmuls at ~90% of the measured
+peak and 46 of its 116 kernel milliseconds a step in neither matmul nor attention: where P3's time must come from.
 
 Two sections, because compiling does not fit call 1: ``mfu`` runs compile off (a figure and a profile in ~25 s,
 whatever compiling costs; bucketed with prepared masks, then without them, the flag's A/B in one process, then
@@ -24,12 +27,17 @@ import gc
 import re
 from pathlib import Path
 
-from .. import host_time, workloads
+from .. import attention_kernels, host_time, workloads
+from ..step_budget import step_budget
 from ..registry import Context, Section
 
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)|\bmm\b|addmm|bmm|_tem_fused_.*mm|matmul|"
                     r"wgmma|linear", re.I)
 ATTENTION = re.compile(r"flash|fmha|attention|attn|sdpa|softmax.*mask|mha", re.I)
+# The host-side ops torch.profiler counts FLOPs for (with_flops) that are matrix products: their sum over a step is
+# the matmul work the device really did, padding included, which the matmul kernels' time divides into TFLOP/s
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+ATTENTION_KERNELS_S = 60  # what the section must have left to time the attention kernels alone (~5 s) first
 
 
 LOW_PRECISION_LN = "BERT-base, seq <= 128, compile off, low-precision LayerNorm"
@@ -66,14 +74,17 @@ def profile_steps(setup, steps: int = 3, top: int = 15) -> dict:
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     meter = Throughput(setup.device.torch_device)
     host_time.teardown_cupti()  # as the host split's profile after it does, or that one catches no kernels
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, with_flops=True) as prof:
         for _, group in zip(range(steps), groups):
             train_step(setup, group, meter)
         if cuda:
             torch.cuda.synchronize()
     wanted = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     times: dict[str, float] = {}
-    for event in prof.key_averages():
+    events = prof.key_averages()
+    # FLOPs are the host-side ops' (the kernels they launch carry none), so they are summed over every device type
+    matmul_flops = sum(e.flops or 0 for e in events if e.key in MATMUL_OPS)
+    for event in events:
         if event.device_type != wanted:
             continue
         spent = getattr(event, "self_device_time_total", None) if cuda else event.self_cpu_time_total
@@ -85,7 +96,12 @@ def profile_steps(setup, steps: int = 3, top: int = 15) -> dict:
     shares = {k: sum(t for name, t in times.items() if kind(name) == k) / total for k in ("matmul", "attention",
                                                                                           "other")}
     ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
+    matmul_ms = shares["matmul"] * total
     return {"steps": steps, "device_ms": total, "shares": shares,
+            "per_step_ms": {k: share * total / steps for k, share in shares.items()},
+            "matmul_flops_per_step": matmul_flops / steps if matmul_flops else None,
+            # None where the products ran where the profiler counts none (inside a CUDA graph, a Triton template)
+            "matmul_tflops": matmul_flops / (matmul_ms / 1e3) / 1e12 if matmul_flops and matmul_ms else None,
             "top": [{"kernel": name[:120], "ms": ms, "share": ms / total, "kind": kind(name)} for name, ms in ranked]}
 
 
@@ -157,6 +173,11 @@ def run(ctx: Context, compiled: bool = False) -> None:
     torch._logging.set_logs(recompiles=True)  # a second graph's cause, in the section's output
     env = ctx.previous.get("environment", {}).get("results", {})
     measured_peaks = {k: v["measured_tflops"] * 1e12 for k, v in env.get("matmul", {}).items()}
+    if not compiled and ctx.left() > ATTENTION_KERNELS_S:
+        # first, before any model holds the memory: a few seconds (cuDNN plans its kernel at each one's first call)
+        shape = {} if ctx.full else dict(rows=32, width=16, layers=2, reps=2)
+        ctx.record("attention_kernels", attention_kernels.measure(
+            "cuda" if torch.cuda.is_available() else "cpu", **shape))
     results = {}
     for case in cases(ctx, compiled):
         if ctx.left() < case["needs_s"]:
@@ -191,6 +212,7 @@ def run(ctx: Context, compiled: bool = False) -> None:
             "compile_scope": setup.decision("compile_scope").effective,
             "padding_efficiency": m["perf/padding_efficiency"], "steady_tokens_per_s": tokens_s,
             "steady_samples_per_s": m.get("perf/steady_samples_per_s"), "flops_per_token": count.total,
+            "step_ms": 1e3 / m.get("perf/steady_it_per_s", m["perf/it_per_s"]),
             "flops": {"forward": count.forward, "weight_grads": count.weight_grads,
                       "input_grads": count.input_grads, "attention": count.attention},
             "mfu_datasheet": m.get("perf/mfu"),
@@ -226,6 +248,8 @@ def markdown(results: dict) -> str:
                      f"{fmt(c['compile_s'], '.1f')}{graphs} | {fmt(c['peak_memory_gb'], '.1f')} |")
     if results.get("left_out"):
         lines += ["", "Left out for lack of time: " + "; ".join(results["left_out"]) + "."]
+    kernels = attention_kernels.markdown(results.get("attention_kernels"))
+    lines += ["", *kernels] if kernels else []
     cases_ = results.get("cases", {})
     for case, against, what in RATIOS:
         if case in cases_ and against in cases_:
@@ -244,6 +268,7 @@ def markdown(results: dict) -> str:
                       f"{s['matmul']:.0%}, attention {s['attention']:.0%}, other {s['other']:.0%}.", "",
                   "| kernel | kind | ms | share |", "|---|---|---|---|"]
         lines += [f"| `{k['kernel'][:90]}` | {k['kind']} | {k['ms']:.2f} | {k['share']:.1%} |" for k in p["top"]]
+        lines += ["", step_budget(name, c)]
     return "\n".join(lines)
 
 
@@ -262,3 +287,4 @@ SECTION = Section("mfu", "MFU, compile off", run, needs=("cuda",), min_s={"full"
 SECTION_COMPILED = Section("mfu_compiled", "MFU, compiled in default mode",
                            functools.partial(run, compiled=True), needs=("cuda",), min_s={"full": 100, "smoke": 20},
                            max_s={"full": 300, "smoke": 120}, markdown=markdown, chart=chart, why_cuda=WHY_CUDA)
+
