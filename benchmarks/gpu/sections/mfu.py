@@ -4,7 +4,7 @@ the matmul peak the environment section measured; then torch.profiler over a few
 share of device time that is neither matmul nor attention, and the step budget (``step_budget``): the step's
 milliseconds by kind of kernel, the matmuls' own TFLOP/s from the FLOPs the profiler counts for them, and the step
 P3's MFU would need. Run 7's eager case, worked out by hand from its profile, had matmuls at ~90% of the measured
-peak and 46 of its 116 kernel milliseconds a step in neither matmul nor attention: where P3's time must come from.
+peak and 47 of its 117 kernel milliseconds a step in neither matmul nor attention: where P3's time must come from.
 
 Two sections, because compiling does not fit call 1: ``mfu`` runs compile off (a figure and a profile in ~25 s,
 whatever compiling costs; bucketed with prepared masks, then without them, the flag's A/B in one process, then
@@ -28,8 +28,8 @@ import re
 from pathlib import Path
 
 from .. import attention_kernels, host_time, workloads
-from ..step_budget import step_budget
 from ..registry import Context, Section
+from ..step_budget import step_budget
 
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)|\bmm\b|addmm|bmm|_tem_fused_.*mm|matmul|"
                     r"wgmma|linear", re.I)
@@ -287,4 +287,3 @@ SECTION = Section("mfu", "MFU, compile off", run, needs=("cuda",), min_s={"full"
 SECTION_COMPILED = Section("mfu_compiled", "MFU, compiled in default mode",
                            functools.partial(run, compiled=True), needs=("cuda",), min_s={"full": 100, "smoke": 20},
                            max_s={"full": 300, "smoke": 120}, markdown=markdown, chart=chart, why_cuda=WHY_CUDA)
-
