@@ -15,11 +15,16 @@ from pathlib import Path
 P3_TARGET = 0.35  # issue 37's P3: MFU of BERT-base at <= 128 tokens against the data sheet's dense peak
 
 
+def kernel_ms_per_step(profile: dict) -> dict[str, float]:
+    """A profile's kernel milliseconds a step by kind, from its shares of the kernel time over its steps."""
+    return {k: share * profile["device_ms"] / profile["steps"] for k, share in profile["shares"].items()}
+
+
 def step_budget(name: str, case: dict) -> str:
     """One case's budget (the module docstring), a sentence for the report."""
     p = case["profile"]
-    per_step = p.get("per_step_ms") or (  # reports from before the budget: the same figures from the shares
-        {k: share * p["device_ms"] / p["steps"] for k, share in p["shares"].items()} if p.get("shares") else None)
+    # reports from before the budget carry no per_step_ms: the same figures from the shares
+    per_step = p.get("per_step_ms") or (kernel_ms_per_step(p) if p.get("shares") else None)
     if not per_step:
         return f"Step budget of {name}: not in this report."
     if "step_ms" not in case:  # likewise: a step of micro_batch x accumulation rows, from samples/s
@@ -51,4 +56,7 @@ def budgets(report: dict) -> list[str]:
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         found = budgets(json.loads(Path(path).read_text()))
-        print(f"{path}:", *found, sep="\n") if found else print(f"{path}: no profiled mfu case")
+        if found:
+            print(f"{path}:", *found, sep="\n")
+        else:
+            print(f"{path}: no profiled mfu case")

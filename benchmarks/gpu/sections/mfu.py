@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .. import attention_kernels, host_time, workloads
 from ..registry import Context, Section
-from ..step_budget import step_budget
+from ..step_budget import kernel_ms_per_step, step_budget
 
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)|\bmm\b|addmm|bmm|_tem_fused_.*mm|matmul|"
                     r"wgmma|linear", re.I)
@@ -98,7 +98,7 @@ def profile_steps(setup, steps: int = 3, top: int = 15) -> dict:
     ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
     matmul_ms = shares["matmul"] * total
     return {"steps": steps, "device_ms": total, "shares": shares,
-            "per_step_ms": {k: share * total / steps for k, share in shares.items()},
+            "per_step_ms": kernel_ms_per_step({"steps": steps, "device_ms": total, "shares": shares}),
             "matmul_flops_per_step": matmul_flops / steps if matmul_flops else None,
             # None where the products ran where the profiler counts none (inside a CUDA graph, a Triton template)
             "matmul_tflops": matmul_flops / (matmul_ms / 1e3) / 1e12 if matmul_flops and matmul_ms else None,
