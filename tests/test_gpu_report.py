@@ -303,7 +303,7 @@ def test_the_compile_off_mfu_measures_prepared_masks_and_packing_in_the_same_cal
     from maxout import loading
 
     ctx = Context("mfu", "full", tmp_path, {}, time.time() + 60, tmp_path / "r.json")
-    prepared, mask_read, packed = mfu.cases(ctx, compiled=False)
+    prepared, mask_read, bins, packed = mfu.cases(ctx, compiled=False)
     # the profile's prepared masks, then the same overrides with transformers reading each mask on the host
     assert mask_read["data"]() == [*prepared["data"](), "hardware.prepared_mask=false"]
     assert prepared["name"] == mfu.LOW_PRECISION_LN and mask_read["name"] == mfu.MASK_READ
@@ -314,15 +314,21 @@ def test_the_compile_off_mfu_measures_prepared_masks_and_packing_in_the_same_cal
     assert packed["data"]()[:len(prepared["data"]())] == prepared["data"]() and packed["name"] == mfu.PACKED
     cfg = loading.load([*tiny, *packed["data"]()])
     assert (cfg.data.padding, cfg.data.max_tokens_per_batch, cfg.hardware.compile) == ("packed", "auto", False)
+    # and the same tokens in bins of data.max_length (bin_packing.py), before varlen: the same overrides but one
+    assert bins["data"]() == [*packed["data"](), "data.packing_attention=bins"] and bins["name"] == mfu.BINS
+    assert loading.load([*tiny, *bins["data"]()]).data.packing_attention == "bins"
     case = {"micro_batch": 1024, "accumulation": 1, "steady_tokens_per_s": 440_000.0, "flops_per_token": 6.6e8,
             "mfu_datasheet": 0.23, "mfu_measured_peak": None, "padding_efficiency": 0.85, "compile_s": None,
             "peak_memory_gb": 50.0}
     table = mfu.markdown({"cases": {prepared["name"]: {**case, "steady_tokens_per_s": 484_000.0},
                                     mask_read["name"]: case,
+                                    bins["name"]: {**case, "steady_tokens_per_s": 605_000.0},
                                     packed["name"]: {**case, "steady_tokens_per_s": 532_400.0}}})
     assert ("Prepared masks ÷ transformers' mask read on the host (compile off, the same run): **1.10×** tokens/s."
             in table)
     assert "Packed ÷ bucketed (compile off, low-precision LayerNorm, the same run): **1.10×** tokens/s." in table
+    assert "Bins ÷ bucketed (compile off, low-precision LayerNorm, the same run): **1.25×** tokens/s." in table
+    assert "Bins ÷ packed through the varlen kernel (compile off, the same run): **1.14×** tokens/s." in table
     host = {"wall_ms": 175.0, "data_ms": 0.5, "issue_ms": 30.0, "kernel_ms": 144.0, "kernels_per_step": 880,
             "launch_ms": 6.0, "launches_per_step": 880, "host_ops_ms": 60.0, "syncs_per_step": 1.0, "top_host": [],
             "blocking": {}}

@@ -204,7 +204,8 @@ class DataConfig:
     # training row length); null means auto
     packing_attention: str = "auto"  # packed: how rows are kept apart in attention | auto: varlen where the kernel
     # runs (CUDA, bf16/fp16), else mask | varlen: torch's variable-length flash kernel, no mask | mask: a block-diagonal
-    # mask over the packed row (optimizations/packing.py; flash_attention_2 uses its own varlen path either way)
+    # mask over the packed row (optimizations/packing.py; flash_attention_2 uses its own varlen path either way) |
+    # bins: rows of max_length tokens holding several samples each, a block-diagonal mask per row (bin_packing.py)
     bucketing: bool = True  # group rows of similar length into batches (needs dynamic padding)
     bucket_batches: int = 50  # batches sorted together per bucket: bigger pads less, smaller is more random
     pad_to_multiple_of: Any = "auto"  # auto: 8 on CUDA (tensor-core friendly shapes), none on CPU

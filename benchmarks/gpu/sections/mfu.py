@@ -8,7 +8,7 @@ peak and 47 of its 117 kernel milliseconds a step in neither matmul nor attentio
 
 Two sections, because compiling does not fit call 1: ``mfu`` runs compile off (a figure and a profile in ~25 s,
 whatever compiling costs; bucketed with prepared masks, then without them, the flag's A/B in one process, then
-packed), ``mfu_compiled`` compiles in default mode (the profile's other flags as it sets them) with inductor's
+packed into bins of 128 tokens, then packed through the varlen kernel), ``mfu_compiled`` compiles in default mode (the profile's other flags as it sets them) with inductor's
 mix-order reduction off: the whole model bucketed, then its layers compiled alone packed and bucketed, then
 BERT-large at 512 with time left. Three H200 calls cut the
 compiled case at its limit while it compiled (100 s twice, 148 s on 2026-11-27 after the compile-off case), so it
@@ -43,6 +43,7 @@ ATTENTION_KERNELS_S = 60  # what the section must have left to time the attentio
 LOW_PRECISION_LN = "BERT-base, seq <= 128, compile off, low-precision LayerNorm"
 MASK_READ = "BERT-base, seq <= 128, compile off, low-precision LayerNorm, transformers' mask read"
 PACKED = "BERT-base, seq <= 128, compile off, low-precision LayerNorm, packed"
+BINS = "BERT-base, seq <= 128, compile off, low-precision LayerNorm, packed into bins of 128"
 MIX_ORDER_OFF = "BERT-base, seq <= 128, inductor's mix-order reduction off"
 MIX_ORDER_OFF_PACKED_LAYERS = "BERT-base, seq <= 128, inductor's mix-order reduction off, packed, layers compiled alone"
 MIX_ORDER_OFF_LAYERS = "BERT-base, seq <= 128, inductor's mix-order reduction off, layers compiled alone"
@@ -50,6 +51,8 @@ MIX_ORDER_OFF_LAYERS = "BERT-base, seq <= 128, inductor's mix-order reduction of
 RATIOS = ((LOW_PRECISION_LN, MASK_READ, "Prepared masks ÷ transformers' mask read on the host (compile off, the "
                                         "same run)"),
           (PACKED, LOW_PRECISION_LN, "Packed ÷ bucketed (compile off, low-precision LayerNorm, the same run)"),
+          (BINS, LOW_PRECISION_LN, "Bins ÷ bucketed (compile off, low-precision LayerNorm, the same run)"),
+          (BINS, PACKED, "Bins ÷ packed through the varlen kernel (compile off, the same run)"),
           (MIX_ORDER_OFF_LAYERS, MIX_ORDER_OFF, "Layers compiled alone ÷ the whole model compiled (bucketed, "
                                                 "mix-order reduction off, the same run)"),
           (MIX_ORDER_OFF_PACKED_LAYERS, MIX_ORDER_OFF_LAYERS, "Packed ÷ bucketed (layers compiled alone, mix-order "
@@ -126,6 +129,12 @@ def cases(ctx: Context, compiled: bool) -> list[dict]:
             # this order a first case's warm-up, if any, counts against the flag
             return [compile_off(LOW_PRECISION_LN),
                     compile_off(MASK_READ, "hardware.prepared_mask=false"),
+                    # the same token budget in bins of 128 tokens, several samples each, a block-diagonal mask per
+                    # bin (bin_packing.py): SDPA's kernels with the mask and attention dropout, as bucketing runs
+                    # them, on ~96% real tokens (bucketed: 85-88%) and about half the attention tiles, two or three
+                    # samples sharing one. Before varlen: run 7 measured that one (24.6%), never this
+                    compile_off(BINS, "data.padding=packed", "data.max_tokens_per_batch=auto",
+                                "data.packing_attention=bins"),
                     # padding-free at the same tokens a step (the auto token budget: micro-batch x mean row length),
                     # through torch's varlen flash kernel: bucketed batches of 1024 rows were 85% real tokens
                     # (2026-11-27, run 6), and at this micro-batch the GPU, not the host, sets the pace, which P8's

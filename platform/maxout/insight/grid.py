@@ -57,13 +57,16 @@ AXES: dict[str, Axis] = {
     "prepared_mask": Axis("hardware.prepared_mask", (False, True), in_default=False),
     # and compiled forwards that skip dynamo's guards for inputs already seen (the host's time a step, with compile)
     "skip_guards": Axis("hardware.skip_guards", (False, True), in_default=False),
-    # How rows become batches: padded to the batch's longest row (random or length-bucketed batches), or packed
-    # without padding by a token budget (data.max_tokens_per_batch, auto when unset). It sets data.bucketing too,
-    # so it is not in the default grid, and a grid names either it or bucketing.
-    "padding": Axis("data.padding", ("dynamic", "bucketed", "packed"), settings={
+    # How rows become batches: padded to the batch's longest row (random or length-bucketed batches), packed
+    # without padding by a token budget (data.max_tokens_per_batch, auto when unset), or packed into bins of
+    # data.max_length tokens (bin_packing.py). It sets data.bucketing too, so it is not in the default grid, and a
+    # grid names either it or bucketing.
+    "padding": Axis("data.padding", ("dynamic", "bucketed", "packed", "binned"), settings={
         "dynamic": {"data.padding": "dynamic", "data.bucketing": False},
         "bucketed": {"data.padding": "dynamic", "data.bucketing": True},
-        "packed": {"data.padding": "packed", "data.bucketing": False}}, in_default=False),
+        "packed": {"data.padding": "packed", "data.bucketing": False},
+        "binned": {"data.padding": "packed", "data.bucketing": False, "data.packing_attention": "bins"}},
+        in_default=False),
 }
 
 

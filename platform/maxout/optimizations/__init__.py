@@ -23,7 +23,8 @@ NAMES = (
 
 PRECISIONS = ("bf16", "fp16", "fp32")  # precision.py: autocast dtype per name
 ATTENTION = ("flash_attention_2", "sdpa", "eager")  # attention.py: fastest first, the fallback chain
-PACKING_ATTENTION = ("auto", "varlen", "mask")  # packing.py: how packed rows are kept apart in attention
+PACKING_ATTENTION = ("auto", "varlen", "mask", "bins")  # packing.py: how packed rows are kept apart in attention
+# (bins: bin_packing.py, rows of data.max_length holding several samples, a block-diagonal mask per row)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
 COMPILE_SCOPES = ("model", "layers")  # regional_compile.py: the whole model, or each repeated block (its layers)

@@ -28,6 +28,9 @@ How rows are kept apart in attention is the ``packing`` decision (``data.packing
 - ``mask`` (auto's pick on a CPU, in fp32, or where the kernel is missing): SDPA or eager with a block-diagonal mask
   (decoders build it from the position ids, encoders are handed it). The mask is dense, so attention spans the whole
   packed row, quadratic in the token budget rather than in each row's length: on a GPU it cannot beat bucketing.
+- ``bins`` (asked for by name): not one flattened row but rows of ``data.max_length`` tokens ("bins"), each holding
+  several whole samples, with a block-diagonal mask per bin (bin_packing.py): SDPA or eager, attention quadratic in
+  the bin's width, attention dropout kept, one batch shape.
 """
 
 from __future__ import annotations
@@ -83,8 +86,8 @@ def resolve_attention(requested: str, padding: str, attn_implementation: str, mo
     if attn_implementation == "flash_attention_2":
         return Decision("packing", requested, "flash_attention_2",
                         "attention is flash_attention_2: transformers' own varlen path takes the rows' boundaries")
-    if requested == "mask":
-        return Decision("packing", requested, "mask")
+    if requested in ("mask", "bins"):
+        return Decision("packing", requested, requested)
     ok, why = varlen.supported(device, precision)
     if ok:
         ok, why = varlen.model_supported(model_class)
@@ -174,6 +177,10 @@ class PackedLayout:
 
     def pin_memory(self) -> "PackedLayout":  # the DataLoader's pin_memory calls this on objects that have it
         return PackedLayout(self.cu_seq_lens.pin_memory(), self.seq_idx.pin_memory(), self.max_length)
+
+    @property
+    def samples(self) -> int:
+        return self.cu_seq_lens.shape[0] - 1
 
     def flash_kwargs(self) -> dict[str, Any]:
         """The varlen boundaries transformers' flash-attention path takes (FlashAttentionKwargs)."""

@@ -20,6 +20,10 @@ Keeping packed samples apart is the attention's job; per architecture:
   besides, which the function ignores: without one, transformers' mask code finds packed samples from the position
   ids with a host sync on every forward.
 
+Bins (optimizations/bin_packing.py: rows of a fixed width, several samples each) take the encoders' masks the same
+way, one block-diagonal mask per row, and the decoders' path as it is; a bin's free tail is a sample of its own that
+nothing pools.
+
 Training (packed or padded) and serving (padded) use this same module, so a logged model predicts exactly as it
 was trained. Serving wing. May import: errors, serving.
 """
@@ -151,10 +155,10 @@ class PooledClassifier(torch.nn.Module):
             kwargs["token_type_ids"] = token_type_ids
         if self.decoder:
             kwargs["use_cache"] = False  # a cache would also hide packed samples from the mask builder
-        if packing is not None:
-            samples = packing.cu_seq_lens.shape[0] - 1
+        if packing is not None:  # a packed row, or bins of several samples each (sample ``samples``: padding)
+            samples = packing.samples
             sample_of_token = packing.seq_idx.reshape(-1).long()
-            kwargs.update(self._keep_apart(packing, input_ids.shape[1]), position_ids=position_ids)
+            kwargs.update(self._keep_apart(packing, *input_ids.shape), position_ids=position_ids)
         else:
             mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
             samples = input_ids.shape[0]
@@ -170,9 +174,10 @@ class PooledClassifier(torch.nn.Module):
         loss = F.cross_entropy(logits.float(), labels.view(-1)) if labels is not None else None
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
-    def _keep_apart(self, packing: Any, tokens: int) -> dict[str, Any]:
-        """What keeps the samples of a packed row from attending to each other (see the module docstring)."""
-        if self.varlen:
+    def _keep_apart(self, packing: Any, rows: int, tokens: int) -> dict[str, Any]:
+        """What keeps the samples of a packed row (``rows`` 1), or of each bin (``rows`` bins), from attending to each
+        other (see the module docstring)."""
+        if self.varlen and hasattr(packing, "flash_kwargs"):  # bins carry no boundaries: they take masks
             if self.decoder and not self.config._attn_implementation.startswith("flash"):
                 rows = torch.ones(1, tokens, dtype=torch.bool, device=packing.seq_idx.device)
                 return {**packing.flash_kwargs(), "attention_mask": rows}
@@ -180,8 +185,8 @@ class PooledClassifier(torch.nn.Module):
         if self.decoder:
             return {}  # masking_utils finds the samples from the restarting position ids
         dtype = next(self.backbone.parameters()).dtype
-        shape_only = torch.empty(1, tokens, 0, dtype=dtype, device=packing.seq_idx.device)
-        same_sample = packed_sequence_mask_function(packing.seq_idx.reshape(1, -1))
+        shape_only = torch.empty(rows, tokens, 0, dtype=dtype, device=packing.seq_idx.device)
+        same_sample = packed_sequence_mask_function(packing.seq_idx.reshape(rows, tokens))
         full = create_bidirectional_mask(self.config, shape_only, None, and_mask_function=same_sample)
         if "sliding_attention" not in (getattr(self.config, "layer_types", None) or ()):
             return {"attention_mask": full}

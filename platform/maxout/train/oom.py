@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from ..errors import OutOfMemory
-from ..optimizations import packing
+from ..optimizations import bin_packing, packing
 from ..tracking.tracker import Tracker
 
 SPLIT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels")
@@ -43,6 +43,8 @@ class OOMRecovery:
         size = self.rows_per_forward(rows)
         if size >= rows:
             return [(batch, 1.0)]
+        if isinstance(batch.get("packing"), bin_packing.BinnedLayout):  # bins split into chunks of whole bins
+            return bin_packing.split(batch, size)
         if "packing" in batch:  # a packed row splits into packed chunks of whole samples
             return packing.split(batch, size)
         return [({k: batch[k][i:i + size] for k in SPLIT_KEYS if k in batch}, min(size, rows - i) / rows)

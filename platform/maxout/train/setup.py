@@ -23,7 +23,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import Decision, decide, named
-from ..optimizations import accumulation, attention, bucketing, compile as compile_opt, cudnn_benchmark
+from ..optimizations import accumulation, attention, bin_packing, bucketing, compile as compile_opt, cudnn_benchmark
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
 from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, mix_order_reduction
@@ -288,8 +288,15 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
     settings = loader_settings(planned)
     if named(planned, "padding").effective == "packed":  # this rank's share of the epoch's token-budget batches
         budget = packing.token_budget(dc.max_tokens_per_batch, micro_batch, train_enc.lengths)
-        sampler, packed_collate = packing.apply(train_enc.lengths, budget, cfg.train.seed, packing.position_start(
-            model_config.model_type, model_config.pad_token_id), world.rank, world.size, longest=dc.max_length)
+        start = packing.position_start(model_config.model_type, model_config.pad_token_id)
+        if named(planned, "packing").effective == "bins":  # the budget's worth of bins of data.max_length tokens
+            multiple = pad_multiple(cfg, device) or 1
+            width = -(-dc.max_length // multiple) * multiple
+            sampler, packed_collate = bin_packing.apply(train_enc.lengths, budget, width, cfg.train.seed,
+                                                        tokenizer.pad_token_id or 0, start, world.rank, world.size)
+        else:
+            sampler, packed_collate = packing.apply(train_enc.lengths, budget, cfg.train.seed, start, world.rank,
+                                                    world.size, longest=dc.max_length)
         train_loader = dataloader.apply(train_enc, sampler, packed_collate, settings)
     else:  # this rank's share of each global batch
         sampler = bucketing.apply(train_enc.lengths, micro_batch, cfg.train.seed,
