@@ -165,15 +165,37 @@ def test_a_failing_cell_is_recorded_and_the_others_still_run(cpu_device, tmp_pat
     assert "| fused_adamw=on | – |" in markdown and "failed: RuntimeError: kernel exploded" in markdown
 
 
+def test_rounds_run_the_cells_in_alternating_order(cpu_device, tmp_path, monkeypatch):
+    """A B, B A, A B: each cell is first in a round as often as it is last (a drift across a round favours none)."""
+    from maxout.optimizations import Decision
+
+    seen = []
+
+    def measure(cfg, device, dataset, tracker):
+        fused = cfg.hardware.fused_adamw
+        seen.append(fused)
+        return benchmark.Measured({"perf/steady_samples_per_s": 2.0 if fused else 1.0}, [
+            Decision("fused_adamw", fused, fused)], {})
+
+    monkeypatch.setattr(benchmark, "measure", measure)
+    report = benchmark.run([*BASE, "tracking=none"], grid_spec="fused_adamw=off,on", steps=4, repeats=3,
+                           out_dir=str(tmp_path), device=cpu_device, progress=False)
+    assert seen == [False, True, True, False, False, True]
+    off, on = report.rows
+    assert len(off.samples) == len(on.samples) == 3 and on.median("perf/steady_samples_per_s") == 2.0
+
+
 def test_the_padding_axis_sets_padding_bucketing_and_a_token_budget(cpu_device):
     from maxout import loading
 
     cfg = loading.load(BASE, device=cpu_device)
-    dynamic, bucketed, packed = grid_mod.cells(grid_mod.parse_grid("padding=dynamic,bucketed,packed"))
+    dynamic, bucketed, packed, binned = grid_mod.cells(grid_mod.parse_grid("padding=dynamic,bucketed,packed,binned"))
     assert (dynamic.apply(cfg).data.padding, dynamic.apply(cfg).data.bucketing) == ("dynamic", False)
     assert (bucketed.apply(cfg).data.padding, bucketed.apply(cfg).data.bucketing) == ("dynamic", True)
     assert (packed.apply(cfg).data.padding, packed.apply(cfg).data.max_tokens_per_batch) == ("packed", "auto")
+    assert (binned.apply(cfg).data.padding, binned.apply(cfg).data.packing_attention) == ("packed", "bins")
     assert benchmark.skip_reason(packed, cpu_device, cfg) == ""  # BERT keeps packed rows apart
+    assert benchmark.skip_reason(binned, cpu_device, cfg) == ""
     cfg.model.architecture = {"model_type": "deberta-v2", "hidden_size": 32, "num_hidden_layers": 2,
                               "num_attention_heads": 2, "intermediate_size": 64}
     assert benchmark.skip_reason(packed, cpu_device, cfg).startswith("padding packed: model type 'deberta-v2'")

@@ -3,8 +3,8 @@ speed-ups and memory ratios instead of guesses.
 
 Each cell of the grid (``--grid "precision=fp32,bf16 compile=off,on"``; by default every value of every axis in
 grid.AXES) is one training run (one epoch, or ``--steps`` optimizer steps) and one nested MLflow run under a parent
-run, all in one experiment. Cells run one after another in one process, in ``--repeats`` interleaved rounds, so a
-noisy, shared machine slows every cell alike and the ratios stay comparable. Throughput is the steady state
+run, all in one experiment. Cells run one after another in one process, in ``--repeats`` interleaved rounds (every
+other one in reverse order), so a noisy, shared machine slows every cell alike and the ratios stay comparable. Throughput is the steady state
 (perf/steady_*: the first train.warmup_steps_excluded steps, compile and allocator warm-up, are left out).
 
 Memory: on a GPU, torch's peak allocated memory over the run. On a CPU, the peak tensor bytes of the run's worst
@@ -187,7 +187,10 @@ def run(overrides: Sequence[str] = (), grid_spec: Optional[str] = None, steps: O
                            "benchmark.overrides": " ".join(overrides), "benchmark.memory": memory_source,
                            **device_params(device)})
         for repeat in range(repeats):  # rounds interleave the cells: machine noise hits every cell alike
-            for i, row in enumerate(runnable):
+            # and every other round runs them in reverse (A B C, C B A, ...): a cell is first as often as last, so a
+            # drift across a round (a warming cache, a neighbour's job ending) does not favour the first cells
+            order = list(enumerate(runnable))[::-1 if repeat % 2 else 1]
+            for i, row in order:
                 if row.status != "ok":
                     continue
                 if progress:
