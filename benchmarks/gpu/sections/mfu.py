@@ -131,8 +131,9 @@ def cases(ctx: Context, compiled: bool) -> list[dict]:
                     compile_off(MASK_READ, "hardware.prepared_mask=false"),
                     # the same token budget in bins of 128 tokens, several samples each, a block-diagonal mask per
                     # bin (bin_packing.py): SDPA's kernels with the mask and attention dropout, as bucketing runs
-                    # them, on ~96% real tokens (bucketed: 85-88%) and about half the attention tiles, two or three
-                    # samples sharing one. Before varlen: run 7 measured that one (24.6%), never this
+                    # them, on ~96% real tokens (bucketed: 85-88%), samples sharing the bins' tiles (fewer tiles than
+                    # bucketed rows of 65-128 tokens, more than rows of <= 64). Before varlen: run 7 measured that
+                    # one (24.6%), never this
                     compile_off(BINS, "data.padding=packed", "data.max_tokens_per_batch=auto",
                                 "data.packing_attention=bins"),
                     # padding-free at the same tokens a step (the auto token budget: micro-batch x mean row length),

@@ -11,7 +11,8 @@ Why, beside the flattened packing of packing.py:
 - on a GPU, attention kernels work in tiles of 64 to 128 tokens a side. A sample of ~62 tokens, alone in its row
   (bucketing) or alone in its tile (varlen), leaves most of a tile empty: in run 7 (2026-11-28, the H200,
   BERT-base at micro-batch 1024 of <= 128 tokens) attention did its real work at ~27 TFLOP/s, a thirtieth of the
-  matmuls' rate. Two or three samples share one tile in a bin;
+  matmuls' rate. In a bin, samples share tiles: fewer tiles than bucketed rows of 65-128 tokens, more than rows of
+  64 or fewer (whose tiles are smaller); which way a mix nets out is the GPU report's mfu case to say;
 - the SDPA kernels with masks keep BERT's attention-probability dropout, which torch's varlen kernel has not got;
 - every batch but an epoch's last has one shape, [bins, max_length]: one graph, and nothing for dynamic shapes.
 
