@@ -81,6 +81,23 @@ def test_the_collator_numbers_samples_bin_by_bin_with_restarting_positions():
     assert (batch["num_real_tokens"], batch["num_tokens"]) == (9, 10)
 
 
+def test_first_fit_places_each_row_where_a_plain_scan_of_the_bins_would():
+    """bin_packing.Bins keeps the most room an open bin has to skip scans; a plain first-fit is the reference."""
+    for seed, limit in ((0, None), (1, 5), (2, 40)):
+        lengths = demo_lengths(seed, count=400)
+        room, expected = [], []
+        for n in lengths:
+            b = next((k for k, r in enumerate(room) if r >= n), None)
+            if b is None and (limit is None or len(room) < limit):
+                b = len(room)
+                room.append(128)
+            expected.append((b, 128 - room[b]) if b is not None else (-1, -1))
+            if b is not None:
+                room[b] -= n
+        where, offsets = bin_packing.first_fit(lengths, 128, limit)
+        assert list(zip(where, offsets)) == expected
+
+
 @pytest.mark.parametrize("micro_batch", [16, 256])
 def test_bin_batches_hold_every_row_once_in_bins_the_collator_rebuilds(micro_batch):
     lengths = demo_lengths()

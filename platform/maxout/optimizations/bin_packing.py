@@ -48,25 +48,41 @@ from .packing import TokenBudgetSampler
 LOOKAHEAD = 64  # rows in a row that found no room in a full batch's bins before the batch closes
 
 
-def first_fit(lengths: list[int], width: int, bins: Optional[int] = None) -> tuple[list[int], list[int]]:
-    """Each row's bin and its offset in the bin, the rows placed in order: into the first bin with room, else a new
-    one. ``bins``: at most that many bins; a row that fits none of them gets bin -1 (it is left for later)."""
-    room = np.zeros(0, dtype=np.int64)
-    where, offsets = [], []
-    for n in lengths:
-        fits = np.flatnonzero(room >= n)
-        if fits.size:
-            b = int(fits[0])
-        elif bins is None or room.size < bins:
-            b, room = room.size, np.append(room, width)
+class Bins:
+    """First-fit bins of ``width`` tokens, at most ``limit`` of them: ``place(n)`` puts a row of ``n`` tokens into
+    the first open bin with room, else into a new one, and says where (bin, offset), or None where no bin may take
+    it. ``most``: the most room an open bin has, so that a row no bin can take costs no array scan."""
+
+    def __init__(self, width: int, limit: Optional[int] = None):
+        self.width, self.limit = width, limit
+        self.room = np.zeros(limit or 64, dtype=np.int64)
+        self.opened, self.most = 0, 0
+
+    def place(self, n: int) -> Optional[tuple[int, int]]:
+        if n <= self.most:
+            b = int(np.argmax(self.room[:self.opened] >= n))
+        elif self.limit is None or self.opened < self.limit:
+            b = self.opened
+            if b == self.room.size:
+                self.room = np.concatenate([self.room, np.zeros_like(self.room)])
+            self.room[b], self.opened = self.width, b + 1
         else:
-            where.append(-1)
-            offsets.append(-1)
-            continue
-        where.append(b)
-        offsets.append(width - int(room[b]))
-        room[b] -= n
-    return where, offsets
+            return None
+        before = int(self.room[b])
+        self.room[b] = before - n
+        if b == self.opened - 1 and before == self.width and before - n > self.most:  # a new bin has the most room
+            self.most = before - n
+        elif before == self.most:
+            self.most = int(self.room[:self.opened].max())
+        return b, self.width - before
+
+
+def first_fit(lengths: list[int], width: int, bins: Optional[int] = None) -> tuple[list[int], list[int]]:
+    """Each row's bin and its offset in the bin, the rows placed in order (``Bins``). ``bins``: at most that many; a
+    row that fits none of them gets bin -1 (it is left for later)."""
+    placer = Bins(width, bins)
+    placed = [placer.place(n) or (-1, -1) for n in lengths]
+    return [b for b, _ in placed], [o for _, o in placed]
 
 
 class BinSampler(TokenBudgetSampler):
@@ -92,26 +108,17 @@ class BinSampler(TokenBudgetSampler):
         shortest = min(self.lengths)
         batches = []
         while pending:
-            room = np.zeros(self.bins, dtype=np.int64)  # bins not opened yet have none: first-fit opens in order
-            opened, most, batch, waiting, misses = 0, 0, [], [], 0
+            bins, batch, waiting, misses = Bins(self.width, self.bins), [], [], 0
             while pending and misses < LOOKAHEAD:
                 i = pending.popleft()
-                n = self.lengths[i]
-                if n <= most:  # an open bin has room: the first one (a reject costs no array scan)
-                    b = int(np.argmax(room[:opened] >= n))
-                elif opened < self.bins:
-                    b, opened = opened, opened + 1
-                    room[b] = self.width
-                else:
-                    waiting.append(i)
-                    misses += 1
-                    if most < shortest:  # no row can fit any more
-                        break
+                if bins.place(self.lengths[i]) is not None:
+                    batch.append(i)
+                    misses = 0
                     continue
-                room[b] -= n
-                most = int(room[:opened].max())
-                batch.append(i)
-                misses = 0
+                waiting.append(i)
+                misses += 1
+                if bins.most < shortest:  # every bin is open and no row can fit any more
+                    break
             pending.extendleft(reversed(waiting))  # the rows that waited start the next batch, in their order
             batches.append(batch)
         return batches
