@@ -133,7 +133,7 @@ def test_the_default_grid_is_every_value_of_every_axis():
                       "inductor_tuning, "
                       "mix_order_reduction, low_precision_layernorm, prepared_mask, skip_guards, padding)"),
     ("padding=packed bucketing=on", "grid keys 'padding' and 'bucketing' both set data.bucketing: name one of them"),
-    ("padding=unpadded", "grid padding='unpadded' is invalid (valid: dynamic, bucketed, packed)"),
+    ("padding=unpadded", "grid padding='unpadded' is invalid (valid: dynamic, bucketed, packed, binned)"),
     ("precision=fp8", "grid precision='fp8' is invalid (valid: fp32, fp16, bf16)"),
     ("compile=maybe", "grid compile='maybe' is invalid (valid: on, off, true, false)"),
     ("compile", "grid entry 'compile' is malformed: write axis=value1,value2"),

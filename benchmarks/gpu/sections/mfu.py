@@ -8,9 +8,9 @@ peak and 47 of its 117 kernel milliseconds a step in neither matmul nor attentio
 
 Two sections, because compiling does not fit call 1: ``mfu`` runs compile off (a figure and a profile in ~25 s,
 whatever compiling costs; bucketed with prepared masks, then without them, the flag's A/B in one process, then
-packed into bins of 128 tokens, then packed through the varlen kernel), ``mfu_compiled`` compiles in default mode (the profile's other flags as it sets them) with inductor's
-mix-order reduction off: the whole model bucketed, then its layers compiled alone packed and bucketed, then
-BERT-large at 512 with time left. Three H200 calls cut the
+packed into bins of 128 tokens, then packed through the varlen kernel), ``mfu_compiled`` compiles in default mode
+(the profile's other flags as it sets them) with inductor's mix-order reduction off: the whole model bucketed, then
+its layers compiled alone packed and bucketed, then BERT-large at 512 with time left. Three H200 calls cut the
 compiled case at its limit while it compiled (100 s twice, 148 s on 2026-11-27 after the compile-off case), so it
 has a call of its own (call3, with what the loan has left after calls 1 and 2).
 Its compile's graphs are counted (``time/compile_graphs``) and dynamo's recompile reasons printed, so a cut run still

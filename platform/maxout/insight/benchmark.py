@@ -4,8 +4,9 @@ speed-ups and memory ratios instead of guesses.
 Each cell of the grid (``--grid "precision=fp32,bf16 compile=off,on"``; by default every value of every axis in
 grid.AXES) is one training run (one epoch, or ``--steps`` optimizer steps) and one nested MLflow run under a parent
 run, all in one experiment. Cells run one after another in one process, in ``--repeats`` interleaved rounds (every
-other one in reverse order), so a noisy, shared machine slows every cell alike and the ratios stay comparable. Throughput is the steady state
-(perf/steady_*: the first train.warmup_steps_excluded steps, compile and allocator warm-up, are left out).
+other one in reverse order), so a noisy, shared machine slows every cell alike and the ratios stay comparable.
+Throughput is the steady state (perf/steady_*: the first train.warmup_steps_excluded steps, compile and allocator
+warm-up, are left out).
 
 Memory: on a GPU, torch's peak allocated memory over the run. On a CPU, the peak tensor bytes of the run's worst
 step (the longest training rows, counted by train/tensor_memory.TensorMemory in eager mode, so compiled cells show eager

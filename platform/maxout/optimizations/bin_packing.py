@@ -14,9 +14,9 @@ Why, beside the flattened packing of packing.py:
   matmuls' rate. In a bin, samples share tiles: fewer tiles than bucketed rows of 65-128 tokens, more than rows of
   64 or fewer (whose tiles are smaller); which way a mix nets out is the GPU report's mfu case to say;
 - the SDPA kernels with masks keep BERT's attention-probability dropout, which torch's varlen kernel has not got;
-- every batch but an epoch's last has one shape, [bins, max_length]: one graph, and nothing for dynamic shapes.
+- every batch but an epoch's last has one shape, [bins, max_length] (only the samples a batch holds vary).
 
-What it costs: a bin's free tail is padding (first-fit over the shuffled order fills ~95% of the demo mix's bins at
+What it costs: a bin's free tail is padding (first-fit over the shuffled order fills ~96% of the demo mix's bins at
 128 tokens; ``perf/padding_efficiency`` says it), and a bin's mask spans samples that do not attend to each other.
 
 The pieces:

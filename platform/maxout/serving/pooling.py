@@ -179,8 +179,8 @@ class PooledClassifier(torch.nn.Module):
         other (see the module docstring)."""
         if self.varlen and hasattr(packing, "flash_kwargs"):  # bins carry no boundaries: they take masks
             if self.decoder and not self.config._attn_implementation.startswith("flash"):
-                rows = torch.ones(1, tokens, dtype=torch.bool, device=packing.seq_idx.device)
-                return {**packing.flash_kwargs(), "attention_mask": rows}
+                every_token = torch.ones(1, tokens, dtype=torch.bool, device=packing.seq_idx.device)
+                return {**packing.flash_kwargs(), "attention_mask": every_token}
             return packing.flash_kwargs()
         if self.decoder:
             return {}  # masking_utils finds the samples from the restarting position ids
