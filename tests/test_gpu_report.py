@@ -417,8 +417,12 @@ def test_attention_kernels_are_timed_alone_on_the_same_rows_and_a_kernel_that_ca
     math = got["cases"]["math, padding mask, dropout 0.1"]
     assert math["ms_per_step"] == pytest.approx(2 * math["ms_per_layer"]) and math["tflops"] == pytest.approx(
         got["flops_per_layer"] / (math["ms_per_layer"] / 1e3) / 1e12)
+    # the same rows in bins of 128 (bin_packing's first-fit; all 8 rows fit one), through math with its bins' mask
+    assert (got["bins"], got["bin_width"]) == (1, 128)
+    assert got["cases"]["math, the rows in bins of 128, block-diagonal mask, dropout 0.1"]["ms_per_step"] > 0
     # a CPU has neither torch's varlen flash kernel nor cuDNN's: each is a finding with torch's reason
-    for refused in ("varlen flash, packed, no dropout", "cuDNN, padding mask, dropout 0.1"):
+    for refused in ("varlen flash, packed, no dropout", "cuDNN, padding mask, dropout 0.1",
+                    "cuDNN, the rows in bins of 128, block-diagonal mask, dropout 0.1"):
         assert set(got["cases"][refused]) == {"error"} and got["cases"][refused]["error"]
     assert "Triggered internally" not in got["cases"]["flash, rows without padding, dropout 0.1"]["error"]
 

@@ -14,7 +14,12 @@ runs only the one its inputs select. This measures each on the same rows:
 - flash on rows without padding (no mask: every row as long as the batch's width): the floor a mask-free kernel
   sets at this width, with more tokens than the others;
 - torch's varlen flash kernel on the same rows packed (no mask, no dropout: it has none), as packed training runs;
-- math (the composite path) with the mask and dropout: the reference.
+- math (the composite path) with the mask and dropout: the reference;
+- cuDNN, and math, on the same rows placed first-fit into bins of 128 tokens (``data.packing_attention=bins``,
+  bin_packing.py) with a block-diagonal mask per bin and dropout: whether samples sharing a bin's tiles cost less
+  than each in a row of its own. At these lengths (54-72 tokens) nearly every row shares a bin with another (522
+  bins of 128 for the 1024 rows, 97% real): this prices a bucket of rows just over 64 tokens, where bins should gain
+  most; the mfu case prices bins over the whole mix, rows of 64 or fewer included.
 
 FLOPs are the model's (``metrics.count_flops``' convention: 4 x width x length^2 a row forward, three times that
 with the backward) on the real tokens, so every kernel is priced for the same work. A kernel that cannot run these
@@ -37,7 +42,10 @@ CASES = (
     ("flash, rows without padding, dropout 0.1", "FLASH_ATTENTION", "full", 0.1),
     ("varlen flash, packed, no dropout", "varlen", "packed", 0.0),
     ("math, padding mask, dropout 0.1", "MATH", "mask", 0.1),
+    ("cuDNN, the rows in bins of 128, block-diagonal mask, dropout 0.1", "CUDNN_ATTENTION", "bins", 0.1),
+    ("math, the rows in bins of 128, block-diagonal mask, dropout 0.1", "MATH", "bins", 0.1),
 )
+BIN_WIDTH = 128  # the mfu cases' data.max_length: the bins' width
 
 
 def lengths(rows: int, width: int, seed: int = 0) -> list[int]:
@@ -59,8 +67,11 @@ def measure(device: str = "cuda", rows: int = 1024, width: int = 72, heads: int 
     sizes = lengths(rows, width)
     real_pairs = sum(n * n for n in sizes)
     flops = 3 * 4 * heads * head_dim * real_pairs  # a layer's, forward and backward, on the real tokens
+    from maxout.optimizations.bin_packing import first_fit  # lazy: imports torch
+
     out: dict[str, Any] = {"rows": rows, "width": width, "heads": heads, "head_dim": head_dim, "layers": layers,
                            "real_tokens": sum(sizes), "padded_tokens": rows * width,
+                           "bins": max(first_fit(sizes, BIN_WIDTH)[0]) + 1, "bin_width": BIN_WIDTH,
                            "flops_per_layer": float(flops), "cases": {}}
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     for name, backend, inputs, dropout in cases:
@@ -102,10 +113,13 @@ def _call(backend: str, inputs: str, dropout: float, sizes: list[int], width: in
             varlen_attn(q, k, v, bounds, bounds, width, width).backward(grad)
         return packed
     rows = len(sizes)
+    mask = _padding_mask(sizes, width, dtype, device) if inputs == "mask" else None
+    if inputs == "bins":  # the same rows, first-fit into bins of BIN_WIDTH: fewer, wider rows, one mask each
+        mask = _bins_mask(sizes, device)
+        rows, width = mask.shape[0], BIN_WIDTH
     # as BERT's projections give them: [rows, width, heads, head_dim], seen as [rows, heads, width, head_dim]
     q, k, v = (torch.randn(rows, width, heads, head_dim, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))
-    mask = _padding_mask(sizes, width, dtype, device) if inputs == "mask" else None
     grad = torch.randn(rows, heads, width, head_dim, device=device, dtype=dtype)
     chosen = getattr(torch.nn.attention.SDPBackend, backend)
 
@@ -129,6 +143,18 @@ def _padding_mask(sizes: list[int], width: int, dtype: Any, device: str):
     return BIDIRECTIONAL["full_attention"](BertConfig(attn_implementation="sdpa"), embeddings, two_d)
 
 
+def _bins_mask(sizes: list[int], device: str):
+    """[bins, 1, BIN_WIDTH, BIN_WIDTH] bool: each token attends the tokens of its own sample in its bin (a bin's free
+    tail attends itself, so no softmax row is empty), as serving/pooling.py builds it for a binned batch."""
+    import torch
+
+    from maxout.optimizations.bin_packing import BinnedCollator
+
+    rows = [{"input_ids": [1] * n, "labels": 0} for n in sizes]
+    seq = BinnedCollator(BIN_WIDTH, 0)(rows)["packing"].seq_idx.to(device)
+    return (seq[:, :, None] == seq[:, None, :])[:, None]
+
+
 def _timed(call, reps: int, device: str) -> float:
     """Seconds a call, the mean of ``reps`` after two warm-ups, the device drained on both sides."""
     import torch
@@ -150,7 +176,8 @@ def markdown(results: Optional[dict]) -> list[str]:
         return []
     real = results["real_tokens"] / results["padded_tokens"]
     shape = (f"{results['rows']} rows of <= {results['width']} tokens ({real:.0%} real), {results['heads']} heads of "
-             f"{results['head_dim']}, {results['layers']} layers")
+             f"{results['head_dim']}, {results['layers']} layers"
+             + (f"; in bins: {results['bins']} of {results['bin_width']}" if results.get("bins") else ""))
     lines = [f"Attention kernels alone, forward and backward ({shape}; `gpu/attention_kernels.py`):", "",
              "| kernel | ms a step | TFLOP/s (real tokens) |", "|---|---|---|"]
     cases = results["cases"]
