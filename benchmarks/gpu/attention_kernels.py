@@ -146,13 +146,12 @@ def _padding_mask(sizes: list[int], width: int, dtype: Any, device: str):
 def _bins_mask(sizes: list[int], device: str):
     """[bins, 1, BIN_WIDTH, BIN_WIDTH] bool: each token attends the tokens of its own sample in its bin (a bin's free
     tail attends itself, so no softmax row is empty), as serving/pooling.py builds it for a binned batch."""
-    import torch
-
     from maxout.optimizations.bin_packing import BinnedCollator
+    from maxout.optimizations.varlen import same_sample_mask
 
     rows = [{"input_ids": [1] * n, "labels": 0} for n in sizes]
     seq = BinnedCollator(BIN_WIDTH, 0)(rows)["packing"].seq_idx.to(device)
-    return (seq[:, :, None] == seq[:, None, :])[:, None]
+    return same_sample_mask(seq, causal=False, sliding_window=None)[:, None]
 
 
 def _timed(call, reps: int, device: str) -> float:

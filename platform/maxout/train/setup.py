@@ -290,8 +290,7 @@ def build_loaders(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, to
         budget = packing.token_budget(dc.max_tokens_per_batch, micro_batch, train_enc.lengths)
         start = packing.position_start(model_config.model_type, model_config.pad_token_id)
         if named(planned, "packing").effective == "bins":  # the budget's worth of bins of data.max_length tokens
-            multiple = pad_multiple(cfg, device) or 1
-            width = -(-dc.max_length // multiple) * multiple
+            width = collate.width(dc.max_length)  # a batch's padded width at the longest row allowed
             sampler, packed_collate = bin_packing.apply(train_enc.lengths, budget, width, cfg.train.seed,
                                                         tokenizer.pad_token_id or 0, start, world.rank, world.size)
         else:
