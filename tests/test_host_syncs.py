@@ -147,3 +147,15 @@ def test_the_counter_sees_what_syncs():
         (x + 1).mul_(2)
     assert mode.counts == {"aten::_local_scalar_dense": 2, "aten::nonzero": 1}
     assert mode.mark() == 3 and mode.mark() == 0
+
+
+@pytest.mark.parametrize("layout", ["bins", "mask"])
+def test_an_eager_packed_decoder_run_syncs_only_at_log_steps(layout, synchronize_calls, cpu_device, one_torch_thread):
+    """A decoder's packed batches (bins, or one row with a block-diagonal mask) are handed masks built from the
+    layout (serving/pooling.py): without them transformers found the samples from the position ids with a host read
+    per mask kind, one or two syncs a forward (tests/test_packing.py has that figure)."""
+    packed = ["model=tiny_qwen3", "hardware.compile=false", "data.padding=packed", f"data.packing_attention={layout}",
+              "data.max_length=64", "data.max_tokens_per_batch=256"]
+    result, quiet, _ = syncs_per_step(packed, synchronize_calls, cpu_device)
+    assert result.setup.decision("packing").effective == layout
+    assert quiet == dict.fromkeys(quiet, 0), quiet

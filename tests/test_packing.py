@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from maxout import data, loading, modeling
+from maxout import data, loading, metrics, modeling
 from maxout.errors import ConfigError
 from maxout.optimizations import packing, varlen
 from maxout.serving import pooling
@@ -108,12 +108,34 @@ def test_packed_logits_and_loss_equal_each_sample_run_alone(name, attn):
     assert packing.supported(classifier.config.model_type, attn) == (True, "")
     for row in rows:
         row["labels"] = len(row["input_ids"]) % 3
+    batch = inputs(packed_batch(rows, classifier.model))  # collated on the host, before the count
     with torch.no_grad():
-        packed = classifier(**inputs(packed_batch(rows, classifier.model)))
+        with metrics.HostSyncs() as syncs:
+            packed = classifier(**batch)
         alone = [classifier(**inputs(padded_batch([row], tokenizer))) for row in rows]
+    assert syncs.counts == {}  # the masks come from the layout: nothing is read on the host
     logits = torch.cat([out.logits for out in alone])
     assert (packed.logits - logits).abs().max() < FP32_TOL
     assert packed.loss == pytest.approx(torch.stack([out.loss for out in alone]).mean().item(), abs=FP32_TOL)
+
+
+@pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_gemma", "gemma_bidirectional", "mistral"])
+def test_a_decoders_own_packed_masks_read_the_host_and_the_layouts_equal_ones_do_not(name):
+    """The figure before: a decoder given restarting position ids and no mask finds the samples itself, with one host
+    read per kind of mask it builds (transformers' find_packed_sequence_indices); the masks pooling builds from the
+    layout give the same hidden states and read nothing."""
+    classifier, rows, _ = build(name)
+    batch = inputs(packed_batch(rows, classifier.model))
+    ids, positions = batch["input_ids"], batch["position_ids"]
+    with torch.no_grad():
+        with metrics.HostSyncs() as own:
+            theirs = classifier.backbone(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+        with metrics.HostSyncs() as layout:
+            masks = classifier._keep_apart(batch["packing"], *ids.shape)
+            ours = classifier.backbone(input_ids=ids, position_ids=positions, use_cache=False, **masks)
+    kinds = len(set(getattr(classifier.config, "layer_types", None) or ["one"]))
+    assert own.counts == {"aten::_local_scalar_dense": kinds} and layout.counts == {}
+    assert (ours.last_hidden_state - theirs).abs().max() < FP32_TOL
 
 
 # The varlen path (optimizations/varlen.py): maxout's attention function, given the rows' boundaries and no mask. On a

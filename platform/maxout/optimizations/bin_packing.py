@@ -160,7 +160,7 @@ class BinnedCollator:
         rows = [rows[i] for i in order]
         length = torch.tensor([lengths[i] for i in order], dtype=torch.long)
         bin_of = torch.tensor([where[i] for i in order], dtype=torch.long)
-        bins, tokens = int(bin_of.max()) + 1, int(length.sum())
+        bins, tokens = max(where) + 1, sum(lengths)  # host ints: reading a tensor would count as a host sync
         starts = torch.zeros(bins + 1, dtype=torch.long)
         starts[1:] = torch.bincount(bin_of, minlength=bins).cumsum(0)
         sample_of_token = torch.repeat_interleave(torch.arange(len(rows)), length)  # [tokens]

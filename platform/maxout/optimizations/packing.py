@@ -26,7 +26,7 @@ How rows are kept apart in attention is the ``packing`` decision (``data.packing
 - ``flash_attention_2`` (where hardware.attn_implementation is flash-attention 2, flash_attn installed):
   transformers' own varlen path takes the same boundaries.
 - ``mask`` (auto's pick on a CPU, in fp32, or where the kernel is missing): SDPA or eager with a block-diagonal mask
-  (decoders build it from the position ids, encoders are handed it). The mask is dense, so attention spans the whole
+  (serving/pooling.py builds it from the layout, for decoders and encoders alike). The mask is dense, so attention spans the whole
   packed row, quadratic in the token budget rather than in each row's length: on a GPU it cannot beat bucketing.
 - ``bins`` (asked for by name): not one flattened row but rows of ``data.max_length`` tokens ("bins"), each holding
   several whole samples, with a block-diagonal mask per bin (bin_packing.py): SDPA or eager, attention quadratic in
@@ -205,8 +205,8 @@ class PackedCollator:
         self.longest = longest
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        lengths = torch.tensor([len(r["input_ids"]) for r in rows], dtype=torch.long)
-        tokens = int(lengths.sum())
+        counts = [len(r["input_ids"]) for r in rows]
+        lengths, tokens = torch.tensor(counts, dtype=torch.long), sum(counts)  # host ints: no tensor read
         cu_seq_lens = torch.zeros(len(rows) + 1, dtype=torch.int32)
         torch.cumsum(lengths, 0, out=cu_seq_lens[1:])
         row_of_token = torch.repeat_interleave(torch.arange(len(rows)), lengths)  # [tokens]
@@ -215,7 +215,7 @@ class PackedCollator:
         batch = {"input_ids": _joined((r["input_ids"] for r in rows), tokens), "position_ids": positions[None],
                  "labels": torch.tensor([r["labels"] for r in rows], dtype=torch.long),
                  "packing": PackedLayout(cu_seq_lens, row_of_token.to(torch.int32)[None],
-                                         max(int(lengths.max()), self.longest or 0)),
+                                         max(max(counts), self.longest or 0)),
                  "num_real_tokens": tokens, "num_tokens": tokens}
         if "token_type_ids" in rows[0]:
             batch["token_type_ids"] = _joined((r["token_type_ids"] for r in rows), tokens)

@@ -8,21 +8,21 @@ the whole row. Here the samples are found from the attention mask (padded) or th
 code path pools both, and the head sees one vector per sample.
 
 Keeping packed samples apart is the attention's job; per architecture:
-- decoders (transformers' ``GenericForSequenceClassification``: Gemma, Qwen, Llama, ...) build their causal mask
-  with ``masking_utils``, which finds packed samples from position ids that restart at 0, when no 2-D mask and no
-  cache are passed (hence ``use_cache=False``). Gemma 3's bidirectional switch goes through the same path.
 - encoders (BERT, RoBERTa, ELECTRA, ModernBERT) build a bidirectional mask that ignores position ids, so this module
   passes them transformers' own block-diagonal mask (``packed_sequence_mask_function``; one per layer type where the
   model has sliding-window layers).
+- decoders (transformers' ``GenericForSequenceClassification``: Gemma, Qwen, Llama, ...) would find packed samples
+  from position ids that restart at 0 (``masking_utils``, when no mask and no cache are passed: ``use_cache=False``),
+  with a host read of those ids in every forward. So they are handed their causal masks (sliding-window, Gemma 3's
+  bidirectional overlays) restricted to each sample the same way, built from the layout.
 - flash-attention 2, and an attention function that says it takes the boundaries (``varlen_boundaries``: maxout's
   own over torch's varlen kernel, optimizations/varlen.py): the kernel takes the sample boundaries
   (``cu_seq_lens_q/k``, ``max_length_q/k``) and needs no mask at all. A decoder is handed an all-true 2-D mask
   besides, which the function ignores: without one, transformers' mask code finds packed samples from the position
   ids with a host sync on every forward.
 
-Bins (optimizations/bin_packing.py: rows of a fixed width, several samples each) take the encoders' masks the same
-way, one block-diagonal mask per row, and the decoders' path as it is; a bin's free tail is a sample of its own that
-nothing pools.
+Bins (optimizations/bin_packing.py: rows of a fixed width, several samples each) take their masks the same way, one
+block-diagonal mask per row; a bin's free tail is a sample of its own that nothing pools.
 
 Training (packed or padded) and serving (padded) use this same module, so a logged model predicts exactly as it
 was trained. Serving wing. May import: errors, serving.
@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 from transformers.masking_utils import (create_bidirectional_mask, create_bidirectional_sliding_window_mask,
+                                        create_causal_mask, create_sliding_window_causal_mask,
                                         packed_sequence_mask_function)
 from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.modeling_outputs import SequenceClassifierOutput
@@ -182,14 +183,33 @@ class PooledClassifier(torch.nn.Module):
                 every_token = torch.ones(1, tokens, dtype=torch.bool, device=packing.seq_idx.device)
                 return {**packing.flash_kwargs(), "attention_mask": every_token}
             return packing.flash_kwargs()
-        if self.decoder:
-            return {}  # masking_utils finds the samples from the restarting position ids
         dtype = next(self.backbone.parameters()).dtype
         shape_only = torch.empty(rows, tokens, 0, dtype=dtype, device=packing.seq_idx.device)
         same_sample = packed_sequence_mask_function(packing.seq_idx.reshape(rows, tokens))
+        if self.decoder:
+            return {"attention_mask": self._causal_masks(shape_only, same_sample)}
         full = create_bidirectional_mask(self.config, shape_only, None, and_mask_function=same_sample)
         if "sliding_attention" not in (getattr(self.config, "layer_types", None) or ()):
             return {"attention_mask": full}
         sliding = create_bidirectional_sliding_window_mask(self.config, shape_only, None,
                                                            and_mask_function=same_sample)
         return {"attention_mask": {"full_attention": full, "sliding_attention": sliding}}
+
+    def _causal_masks(self, shape_only: torch.Tensor, same_sample: Callable) -> Any:
+        """A decoder's masks for packed samples, as its forward would build them from the restarting position ids,
+        but from the layout: transformers' packed-sequence check (``find_packed_sequence_indices``) reads the
+        position ids on the host once per mask it builds, a sync in every eager forward. Within one sample the
+        tokens' indices differ as their positions do, so the causal and sliding-window rules on indices, restricted
+        to the same sample, are the rules on positions. One tensor, or a mapping by layer type where the config
+        lists the types (what the decoders take in place of building their own)."""
+        config, window = self.config, getattr(self.config, "sliding_window", None)
+        overlay: dict[str, dict] = {"full_attention": {}, "sliding_attention": {}}
+        if getattr(config, "use_bidirectional_attention", False):  # Gemma 3's switch: the overlays its forward adds
+            overlay = {"full_attention": {"or_mask_function": lambda *_: torch.tensor(True)},
+                       "sliding_attention": {"or_mask_function": lambda _b, _h, q, kv: abs(q - kv) < window}}
+        builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+        listed = getattr(config, "layer_types", None)
+        kinds = set(listed) if listed else {"full_attention" if window is None else "sliding_attention"}
+        masks = {kind: builders[kind](config, shape_only, None, None, and_mask_function=same_sample,
+                                      **overlay[kind]) for kind in kinds}
+        return masks if listed else masks.popitem()[1]
