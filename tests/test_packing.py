@@ -358,6 +358,14 @@ def test_pooling_picks_first_last_and_mean_of_each_sample():
     assert pooling.pool(hidden, sample, 2, "mean").tolist() == [[2, 3], [7, 8]]
 
 
+@pytest.mark.parametrize("kind", pooling.POOLINGS)
+def test_every_pooling_traces_as_one_graph_without_a_break(kind):
+    """Under compile a graph break splits the step (and CUDA graphs with it): mean pooling's bincount, whose length
+    depends on the ids' values, broke the graph before it counted with index_add."""
+    explained = torch._dynamo.explain(pooling.pool)(torch.randn(6, 2), torch.tensor([0, 0, 0, 1, 1, 2]), 2, kind)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
 def test_maxout_pooling_with_the_native_kind_equals_the_models_own_head():
     for name in ("tiny", "tiny_modernbert", "tiny_qwen3"):
         classifier, rows, tokenizer = build(name)

@@ -112,7 +112,9 @@ def pool(hidden: torch.Tensor, sample_of_token: torch.Tensor, samples: int, kind
     if kind == "mean":  # summed in fp32: a bf16 running sum over hundreds of tokens loses digits
         total = torch.zeros(samples + 1, hidden.shape[1], device=hidden.device, dtype=torch.float32)
         total.index_add_(0, sample_of_token, hidden.float())
-        count = torch.bincount(sample_of_token, minlength=samples + 1).clamp(min=1)
+        # counted by index_add, not bincount: bincount's length depends on the ids' values, a graph break under compile
+        count = torch.zeros(samples + 1, device=hidden.device).index_add_(
+            0, sample_of_token, torch.ones(hidden.shape[0], device=hidden.device)).clamp(min=1)
         return (total / count[:, None])[:samples].to(hidden.dtype)
     raise ConfigError(f"pooling={one_of(kind, POOLINGS)}")
 
