@@ -814,15 +814,20 @@ def test_a_cut_tracking_section_keeps_the_summary_of_its_whole_repetitions():
     assert "Runs in order (samples/s): none 3482.4, mlflow 3345.8, mlflow 3439.3, none 3641.3, none 3500.0." in md
 
 
-def test_p8_is_packed_over_bucketed_within_each_order():
+def test_p8_is_packed_and_binned_over_bucketed_within_each_order():
     from benchmarks.gpu.sections import packing
 
+    assert packing.ORDER == ("bucketed", "packed", "binned", "binned", "packed", "bucketed")
     runs = [{"mix": "m", "setting": s, "samples_per_s": v} for s, v in
-            zip(packing.ORDER, [100.0, 150.0, 140.0, 110.0])]
+            zip(packing.ORDER, [100.0, 150.0, 120.0, 130.0, 140.0, 110.0])]
     got = packing.ratio(runs, "m")
     assert got["packed_over_bucketed"] == pytest.approx(145 / 105)
-    assert got["per_order"] == pytest.approx([1.5, 140 / 110])
-    assert packing.ratio(runs[:1], "m")["packed_over_bucketed"] is None
+    assert got["binned_over_bucketed"] == pytest.approx(125 / 105)
+    assert got["per_order"]["packed"] == pytest.approx([1.5, 140 / 110])
+    assert got["per_order"]["binned"] == pytest.approx([1.2, 130 / 110])
+    cut = packing.ratio(runs[:2], "m")  # a section cut after two runs: packed measured, binned not, no full round
+    assert cut["packed_over_bucketed"] == 1.5 and cut["binned_over_bucketed"] is None
+    assert cut["per_order"] == {"packed": [], "binned": []}
 
 
 def test_p8s_table_gives_the_bound_padding_alone_puts_on_it():
@@ -831,10 +836,10 @@ def test_p8s_table_gives_the_bound_padding_alone_puts_on_it():
     from benchmarks.gpu.sections import packing
 
     runs = [{"mix": "m", "setting": s, "samples_per_s": v, "tokens_per_s": v, "peak_memory_gb": 1.0,
-             "padding_efficiency": e} for s, v, e in zip(packing.ORDER, [100.0, 120.0, 118.0, 101.0],
-                                                          [0.8, 1.0, 1.0, 0.82])]
+             "padding_efficiency": e} for s, v, e in zip(packing.ORDER, [100.0, 120.0, 110.0, 111.0, 118.0, 101.0],
+                                                          [0.8, 1.0, 0.95, 0.95, 1.0, 0.82])]
     table = packing.markdown({"runs": runs, "ratios": {"m": packing.ratio(runs, "m")}})
-    assert "| m | **1.18×** | 1.20×, 1.17× | 1.25× |" in table
+    assert "| m | **1.18×** | 1.20×, 1.17× | **1.10×** | 1.10×, 1.10× | 1.25× |" in table
 
 
 def test_the_long_mix_lies_in_its_length_range(tmp_path):
@@ -940,10 +945,11 @@ def test_on_a_cpu_the_report_runs_what_it_can_and_says_why_not_the_rest(tmp_path
     assert mix["ratio_vs_trainer_best"] > 0 and [o["order"] for o in mix["ratios_per_order"]] == [
         "maxout first", "maxout last"]
     p8 = got["packing"]["results"]
-    assert [r["setting"] for r in p8["runs"]] == ["bucketed", "packed", "packed", "bucketed"]
+    assert [r["setting"] for r in p8["runs"]] == ["bucketed", "packed", "binned", "binned", "packed", "bucketed"]
     assert p8["decisions"]["opt.packing.effective"] == "mask"  # no varlen kernel on a CPU: the reason is logged
     assert "on CUDA only" in p8["decisions"]["opt.packing.reason"]
     assert list(p8["ratios"].values())[0]["packed_over_bucketed"] > 0
+    assert list(p8["ratios"].values())[0]["binned_over_bucketed"] > 0
     (grid,) = got["ablation"]["results"]["grids"].values()
     assert [c["cell"] for c in grid["cells"]] == ["fused_adamw=off", "fused_adamw=on"]
     assert got["tracking"]["results"]["overhead"]["summary"]["mlflow"]["median_ratio"] > 0

@@ -4,10 +4,12 @@ sets the pace), compile off on both sides (one compile each would not fit the ca
 Bucketed: dynamic padding with length bucketing (maxout's default). Packed: ``data.padding=packed`` with the auto token
 budget (micro-batch x mean row length: the same tokens a step on average), through the attention backend
 ``data.packing_attention=auto`` picks, which the run logs as ``opt.packing.*`` and this section records (on a GPU in
-bf16: torch's variable-length flash attention, no mask; on a CPU: a dense block-diagonal mask).
+bf16: torch's variable-length flash attention, no mask; on a CPU: a dense block-diagonal mask). Binned: the same
+token budget as rows of ``data.max_length`` tokens holding several samples each (``data.packing_attention=bins``,
+optimizations/bin_packing.py: SDPA with a block-diagonal mask per bin, attention dropout kept, one batch shape).
 
-After an untimed warm-up run, both orders (bucketed, packed, packed, bucketed), each run recorded the moment it
-ends; then the 128-512-token mix, where padding costs most, if time is left."""
+After an untimed warm-up run, both orders (bucketed, packed, binned, then binned, packed, bucketed), each run recorded
+the moment it ends; then the 128-512-token mix, where padding costs most, if time is left."""
 
 from __future__ import annotations
 
@@ -17,21 +19,24 @@ import time
 from .. import workloads
 from ..registry import Context, Section
 
-ORDER = ("bucketed", "packed", "packed", "bucketed")
 SETTINGS = {"bucketed": ["data.padding=dynamic", "data.bucketing=true"],
-            "packed": ["data.padding=packed", "data.max_tokens_per_batch=auto"]}
+            "packed": ["data.padding=packed", "data.max_tokens_per_batch=auto"],
+            "binned": ["data.padding=packed", "data.max_tokens_per_batch=auto", "data.packing_attention=bins"]}
+ORDER = (*SETTINGS, *reversed(SETTINGS))  # one round each way: A B C, C B A
+CONTENDERS = ("packed", "binned")  # each over bucketed
 
 
 def ratio(runs: list[dict], mix: str) -> dict:
-    """Mean samples/s of each setting on ``mix``, packed over bucketed, and the ratio within each order."""
+    """Mean samples/s of each setting on ``mix``, packed and binned over bucketed (None until both have run), and
+    each ratio within each round that ran every setting (one per order)."""
     mine = [r for r in runs if r["mix"] == mix]
     mean = {k: sum(r["samples_per_s"] for r in mine if r["setting"] == k) / n
             for k in SETTINGS if (n := sum(r["setting"] == k for r in mine))}
-    pairs = [mine[i:i + 2] for i in range(0, len(mine) - 1, 2)]
-    per_order = [a["samples_per_s"] / b["samples_per_s"] if a["setting"] == "packed" else
-                 b["samples_per_s"] / a["samples_per_s"] for a, b in pairs if {a["setting"], b["setting"]} == set(SETTINGS)]
-    return {"samples_per_s": mean, "packed_over_bucketed": mean["packed"] / mean["bucketed"] if len(mean) == 2
-            else None, "per_order": per_order}
+    rounds = [{r["setting"]: r["samples_per_s"] for r in mine[i:i + len(SETTINGS)]}
+              for i in range(0, len(mine), len(SETTINGS))]
+    over = lambda got, k: got[k] / got["bucketed"] if k in got and "bucketed" in got else None  # noqa: E731
+    return {"samples_per_s": mean, **{f"{k}_over_bucketed": over(mean, k) for k in CONTENDERS},
+            "per_order": {k: [over(r, k) for r in rounds if len(r) == len(SETTINGS)] for k in CONTENDERS}}
 
 
 def run(ctx: Context) -> None:
@@ -78,7 +83,7 @@ def run(ctx: Context) -> None:
                            verbose=False)
             spent[setting] = time.time() - started
             m = result.metrics
-            if setting == "packed":
+            if setting == "packed":  # the binned run's decision is bins by name
                 decisions = {k: v for k, v in tracker.params.items() if k.startswith(("opt.packing.", "opt.padding.",
                                                                                        "opt.attention."))}
                 ctx.record("decisions", decisions)
@@ -115,11 +120,12 @@ def markdown(results: dict) -> str:
     for r in results.get("runs", []):
         if r["setting"] == "bucketed" and r.get("padding_efficiency"):
             bucketed[r["mix"]] = min(bucketed.get(r["mix"], 1.0), r["padding_efficiency"])
-    lines += ["", "| mix | packed ÷ bucketed (P8, goal ≥ 1.3×) | per order | padding alone bounds it at |",
-              "|---|---|---|---|"]
+    lines += ["", "| mix | packed ÷ bucketed (P8, goal ≥ 1.3×) | per order | binned ÷ bucketed | per order | "
+                  "padding alone bounds it at |", "|---|---|---|---|---|---|"]
     for mix, r in results.get("ratios", {}).items():
-        lines.append(f"| {mix} | **{fmt(r['packed_over_bucketed'], '.2f')}×** | "
-                     f"{', '.join(f'{x:.2f}×' for x in r['per_order']) or '–'} | "
+        cells = [f"**{fmt(r.get(f'{k}_over_bucketed'), '.2f')}×** | "
+                 f"{', '.join(f'{x:.2f}×' for x in r['per_order'].get(k, [])) or '–'}" for k in CONTENDERS]
+        lines.append(f"| {mix} | {' | '.join(cells)} | "
                      f"{fmt(1 / bucketed[mix] if mix in bucketed else None, '.2f')}× |")
     if results.get("left_out"):
         lines += ["", "Left out for lack of time: " + "; ".join(results["left_out"]) + "."]
