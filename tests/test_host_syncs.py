@@ -149,12 +149,13 @@ def test_the_counter_sees_what_syncs():
     assert mode.mark() == 3 and mode.mark() == 0
 
 
-@pytest.mark.parametrize("layout", ["bins", "mask"])
-def test_an_eager_packed_decoder_run_syncs_only_at_log_steps(layout, synchronize_calls, cpu_device, one_torch_thread):
-    """A decoder's packed batches (bins, or one row with a block-diagonal mask) are handed masks built from the
-    layout (serving/pooling.py): without them transformers found the samples from the position ids with a host read
-    per mask kind, one or two syncs a forward (tests/test_packing.py has that figure)."""
-    packed = ["model=tiny_qwen3", "hardware.compile=false", "data.padding=packed", f"data.packing_attention={layout}",
+@pytest.mark.parametrize("model,layout", [("tiny_qwen3", "bins"), ("tiny_qwen3", "mask"), ("tiny", "bins")])
+def test_an_eager_packed_run_syncs_only_at_log_steps(model, layout, synchronize_calls, cpu_device, one_torch_thread):
+    """Packed batches (bins, or one row with a block-diagonal mask) are handed masks built from the layout
+    (serving/pooling.py): without them a decoder's transformers code found the samples from the position ids with a
+    host read per mask kind, one or two syncs a forward (tests/test_packing.py has that figure); and the collators
+    read none of their own tensors (they did, twice a batch, which in-process loading counts)."""
+    packed = [f"model={model}", "hardware.compile=false", "data.padding=packed", f"data.packing_attention={layout}",
               "data.max_length=64", "data.max_tokens_per_batch=256"]
     result, quiet, _ = syncs_per_step(packed, synchronize_calls, cpu_device)
     assert result.setup.decision("packing").effective == layout
