@@ -83,7 +83,7 @@ def run(ctx: Context) -> None:
                            verbose=False)
             spent[setting] = time.time() - started
             m = result.metrics
-            if setting == "packed":  # the binned run's decision is bins by name
+            if setting == "packed":  # auto's pick; the binned runs' is bins, asked for by name
                 decisions = {k: v for k, v in tracker.params.items() if k.startswith(("opt.packing.", "opt.padding.",
                                                                                        "opt.attention."))}
                 ctx.record("decisions", decisions)

@@ -26,8 +26,9 @@ How rows are kept apart in attention is the ``packing`` decision (``data.packing
 - ``flash_attention_2`` (where hardware.attn_implementation is flash-attention 2, flash_attn installed):
   transformers' own varlen path takes the same boundaries.
 - ``mask`` (auto's pick on a CPU, in fp32, or where the kernel is missing): SDPA or eager with a block-diagonal mask
-  (serving/pooling.py builds it from the layout, for decoders and encoders alike). The mask is dense, so attention spans the whole
-  packed row, quadratic in the token budget rather than in each row's length: on a GPU it cannot beat bucketing.
+  (serving/pooling.py builds it from the layout, for decoders and encoders alike). The mask is dense, so attention
+  spans the whole packed row, quadratic in the token budget rather than in each row's length: on a GPU it cannot beat
+  bucketing.
 - ``bins`` (asked for by name): not one flattened row but rows of ``data.max_length`` tokens ("bins"), each holding
   several whole samples, with a block-diagonal mask per bin (bin_packing.py): SDPA or eager, attention quadratic in
   the bin's width, attention dropout kept, one batch shape.
