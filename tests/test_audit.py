@@ -120,6 +120,21 @@ def test_packing_is_a_lever_unless_the_config_packs_already(cpu_device):
     assert row.status == levers.IN_USE and "data.padding=packed already" in row.reason
 
 
+def test_bins_are_a_lever_beside_packing_with_the_reason_a_model_that_cannot_pack_logs(cpu_device):
+    rows = {r.name: r for r in audit.plan_levers(loading.load(TINY, device=cpu_device), cpu_device)}
+    assert (rows["bins"].status, rows["bins"].overrides) == (levers.MEASURE, (
+        "data.padding=packed", "data.max_tokens_per_batch=auto", "data.packing_attention=bins"))
+    # a config that packs through another path still measures bins: the packing decision differs
+    packed = loading.load([*TINY, "data.padding=packed"], device=cpu_device)
+    assert {r.name: r for r in audit.plan_levers(packed, cpu_device)}["bins"].status == levers.MEASURE
+    binned = loading.load([*TINY, "data.padding=packed", "data.packing_attention=bins"], device=cpu_device)
+    assert {r.name: r for r in audit.plan_levers(binned, cpu_device)}["bins"].status == levers.IN_USE
+    deberta = loading.load(TINY, device=cpu_device)
+    deberta.model.architecture = {**deberta.model.architecture, "model_type": "deberta-v2"}  # no packed path
+    row = {r.name: r for r in audit.plan_levers(deberta, cpu_device)}["bins"]
+    assert (row.status, row.decision) == (levers.CANNOT_USE, "padding") and "deberta-v2" in row.reason
+
+
 def test_the_breakdown_counts_the_loops_loss_read_at_its_true_rate(cpu_device, one_torch_thread):
     cfg = loading.load([*TINY, "train.max_steps=-1"], device=cpu_device)
     checked = prepare.check(cfg)

@@ -4,7 +4,7 @@ A row names the config values it would set for this config on this device (``tar
 decisions that must honour them (``decisions``, read from train/setup.plan_decisions, the trainer's own), so a
 lever the device cannot use is listed with the very reason a training run logs as ``opt.<name>.reason``. A row with
 a known ``cost`` (accuracy, reproducibility) is measured and shown but never recommended silently. A new lever is
-one more row (packing, ``data.padding=packed``, came that way).
+one more row (packing, ``data.padding=packed``, came that way, and bins after it).
 
 ``assess`` turns each row into what the audit does with it: ``measure`` (its overrides), ``in use`` (the config has
 it already, or nothing better exists here), ``cannot use`` (a decision falls back: the reason), or ``skipped``.
@@ -93,6 +93,15 @@ def _packing(cfg: Config, ctx: Context) -> Target:
     return _try("data.padding=packed", f"data.max_tokens_per_batch={budget}")
 
 
+def _bins(cfg: Config, ctx: Context) -> Target:
+    # Bins trade the flat row's one mask for a mask per row of data.max_length tokens: whether that beats bucketing
+    # or varlen depends on the kernels' tiles at these lengths, which only a measurement on this device can say.
+    if cfg.data.padding == "packed" and cfg.data.packing_attention == "bins":
+        return Target(status=IN_USE, note="data.padding=packed data.packing_attention=bins already")
+    budget = cfg.data.max_tokens_per_batch or "auto"
+    return _try("data.padding=packed", f"data.max_tokens_per_batch={budget}", "data.packing_attention=bins")
+
+
 def _workers(cfg: Config, ctx: Context) -> Target:
     best, current = auto_workers(ctx.device.cpu_count), named(ctx.current, "num_workers").effective
     if current >= best:
@@ -159,6 +168,8 @@ LEVERS: tuple = (
     Lever("precision", _precision, ("precision",), what="bf16 autocast (fp16 + GradScaler where bf16 is not native)"),
     Lever("bucketing", _switch("data.bucketing"), ("bucketing",), what="length-bucketed batches: less padding"),
     Lever("packing", _packing, ("padding",), what="several rows per sequence: no padding"),
+    Lever("bins", _bins, ("padding", "packing"),
+          what="several rows per row of data.max_length tokens, a mask per row: one batch shape"),
     Lever("micro_batch", _micro_batch, what="the batch finder's safe micro-batch, fewer accumulation steps",
           searches=True),
     Lever("fused_adamw", _switch("hardware.fused_adamw"), ("fused_adamw",), what="one fused AdamW kernel"),
