@@ -15,7 +15,7 @@ import torch
 from maxout import loading, metrics
 from maxout.optimizations import bin_packing, bucketing, packing
 
-from .test_packing import FP32_TOL, MODELS, assert_same_gradients, build, inputs, padded_batch
+from .test_packing import FP32_TOL, MODELS, assert_same_gradients, build, inputs, packed_batch, padded_batch
 
 
 def binned_batch(rows, model, tokenizer, width=None):
@@ -218,7 +218,8 @@ def test_a_packed_forward_traces_as_one_graph(name, layout):
     classifier, rows, tokenizer = build(name)
     for row in rows:
         row["labels"] = 0
-    batch = packing.PackedCollator()(rows) if layout == "packed" else binned_batch(rows, classifier.model, tokenizer)
+    batch = packed_batch(rows, classifier.model) if layout == "packed" else binned_batch(rows, classifier.model,
+                                                                                           tokenizer)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(classifier)(**inputs(batch))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

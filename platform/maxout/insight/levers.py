@@ -88,9 +88,13 @@ def _packing(cfg: Config, ctx: Context) -> Target:
     # the reason a run would log as opt.padding.reason.
     if cfg.data.padding == "packed":
         return Target(status=IN_USE, note="data.padding=packed already")
-    # auto: as many tokens per step as the current micro-batch carries on average (a fair comparison)
-    budget = cfg.data.max_tokens_per_batch or "auto"
-    return _try("data.padding=packed", f"data.max_tokens_per_batch={budget}")
+    return _try(*_packed(cfg))
+
+
+def _packed(cfg: Config) -> tuple[str, str]:
+    """Packed batches with the config's token budget, else auto: as many tokens per step as the current micro-batch
+    carries on average (a fair comparison)."""
+    return "data.padding=packed", f"data.max_tokens_per_batch={cfg.data.max_tokens_per_batch or 'auto'}"
 
 
 def _bins(cfg: Config, ctx: Context) -> Target:
@@ -98,8 +102,7 @@ def _bins(cfg: Config, ctx: Context) -> Target:
     # or varlen depends on the kernels' tiles at these lengths, which only a measurement on this device can say.
     if cfg.data.padding == "packed" and cfg.data.packing_attention == "bins":
         return Target(status=IN_USE, note="data.padding=packed data.packing_attention=bins already")
-    budget = cfg.data.max_tokens_per_batch or "auto"
-    return _try("data.padding=packed", f"data.max_tokens_per_batch={budget}", "data.packing_attention=bins")
+    return _try(*_packed(cfg), "data.packing_attention=bins")
 
 
 def _workers(cfg: Config, ctx: Context) -> Target:
