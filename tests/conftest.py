@@ -320,6 +320,17 @@ def graphs(monkeypatch):
 
 
 @pytest.fixture
+def warm_starts(monkeypatch) -> list:
+    """Every train.warm.WarmStart the test's process makes, in order: a caller that shares one between its runs
+    makes one, and its ``hits`` count the tokenized tables the later runs reused."""
+    from maxout.train import warm
+
+    made, real = [], warm.WarmStart.__init__
+    monkeypatch.setattr(warm.WarmStart, "__init__", lambda self: (real(self), made.append(self))[0])
+    return made
+
+
+@pytest.fixture
 def one_torch_thread():
     """One intra-op thread for tiny-model steps: on a machine shared with other jobs, OpenMP threads spinning against
     other processes make a step up to ten times slower. Nothing asserted depends on it."""

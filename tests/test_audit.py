@@ -194,7 +194,7 @@ def samples_per_cpu_s(overrides, cpu_device, dataset):
 
 @pytest.mark.slow
 def test_audit_of_a_slow_config_finds_its_levers_and_recommends_a_faster_one(mlflow_store, tmp_path, cpu_device,
-                                                                              one_torch_thread, capsys):
+                                                                              one_torch_thread, capsys, warm_starts):
     out = tmp_path / "audit"
     chosen = "precision,bucketing,fused_adamw"
     code = cli.main(["audit", *SLOW, *mlflow_store["overrides"], "--levers", chosen, "--steps", "10",
@@ -230,6 +230,8 @@ def test_audit_of_a_slow_config_finds_its_levers_and_recommends_a_faster_one(mlf
     trained = sorted((r for r in runs if r.data.tags.get("maxout.command") == "audit-run"),
                      key=lambda r: int(r.data.tags["maxout.audit.position"]))
     speed = [r.data.metrics["perf/steady_samples_per_s"] for r in trained]
+    # One warm start for the audit: the breakdown's probe tokenized the two tables, and every run reused them
+    assert len(warm_starts) == 1 and warm_starts[0].hits == 2 * len(trained) > 0
     # Every training run of the audit reads the same MLflow datasets: the training split a `maxout train` of this
     # config logs (same name and digest), and the validation split's first rows, a dataset of their own.
     full = prepare.check(loading.load(SLOW, device=cpu_device)).dataset

@@ -20,11 +20,13 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
-def test_a_2x2_grid_makes_4_child_runs_a_table_and_charts(mlflow_store, tmp_path, capsys):
+def test_a_2x2_grid_makes_4_child_runs_a_table_and_charts(mlflow_store, tmp_path, capsys, warm_starts):
     out = tmp_path / "bench"
     code = cli.main(["benchmark", *BASE, *mlflow_store["overrides"], "--grid", "bucketing=off,on fused_adamw=off,on",
                      "--steps", "5", "--out", str(out), "--no-progress"])
     assert code == 0
+    # The cells share one warm start: the first tokenized the train and validation tables, the other three reused them
+    assert len(warm_starts) == 1 and warm_starts[0].hits == 3 * 2
     runs = runs_in(mlflow_store["uri"])
     parents = [r for r in runs if r.data.tags.get("maxout.command") == "benchmark"]
     children = [r for r in runs if r.data.tags.get("maxout.command") == "benchmark-cell"]
@@ -171,7 +173,7 @@ def test_rounds_run_the_cells_in_alternating_order(cpu_device, tmp_path, monkeyp
 
     seen = []
 
-    def measure(cfg, device, dataset, tracker):
+    def measure(cfg, device, dataset, tracker, warm):
         fused = cfg.hardware.fused_adamw
         seen.append(fused)
         return benchmark.Measured({"perf/steady_samples_per_s": 2.0 if fused else 1.0}, [

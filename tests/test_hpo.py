@@ -552,14 +552,9 @@ def test_invocations_started_on_their_own_share_one_parent_run_with_hpo_parent_s
 
 
 @pytest.mark.slow
-def test_trials_report_within_epochs_and_the_parent_plots_every_trials_curve(mlflow_store, small_data, monkeypatch):
+def test_trials_report_within_epochs_and_the_parent_plots_every_trials_curve(mlflow_store, small_data, warm_starts):
     """Reports every half epoch: 3 steps per epoch, 2 epochs -> evaluations after steps 2, 3, 5 and 6, so 4 reports
     per trial and a pruner whose resource (max_resource) is 4 reports. The trials share one warm start."""
-    from maxout.train import warm
-
-    made = []
-    real = warm.WarmStart.__init__
-    monkeypatch.setattr(warm.WarmStart, "__init__", lambda self: (real(self), made.append(self))[0])
     result = hpo_study.run([*BASE, *small_data, *store_overrides(mlflow_store), "train.epochs=2", "hpo.n_trials=2",
                             "hpo.report_every_epochs=0.5", "hpo.pruner.name=none", "hpo.log_models=none",
                             "~hpo.search_space.train.target_effective_batch"])  # (a batch of 32: 2 steps an epoch)
@@ -576,7 +571,7 @@ def test_trials_report_within_epochs_and_the_parent_plots_every_trials_curve(mlf
         str(mlflow_store["dir"] / "optuna.journal")))
     trials = optuna.load_study(study_name=result.study_name, storage=journal).get_trials()
     assert [sorted(t.intermediate_values) for t in trials] == [[1, 2, 3, 4]] * 2
-    assert len(made) == 1 and made[0].hits == 2  # trial 1 reused trial 0's tokenized tables
+    assert len(warm_starts) == 1 and warm_starts[0].hits == 2  # trial 1 reused trial 0's tokenized tables
     plots = {a.path for a in mlflow.MlflowClient(mlflow_store["uri"]).list_artifacts(result.parent_run_id, "plots")}
     assert "plots/intermediate_values.png" in plots
 

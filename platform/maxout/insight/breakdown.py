@@ -30,12 +30,13 @@ from torch.overrides import TorchFunctionMode
 
 from .. import metrics
 from ..config import Config
+from .. import data as data_mod
 from ..data import Dataset
 from ..hardware import DeviceInfo
 from ..tracking.tracker import NullTracker
 from ..train.callbacks import Callback, TrainState
 from ..train.loop import fit
-from ..train.setup import build
+from ..train.setup import Encode, build
 from .levers import with_overrides
 
 HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.__bool__,
@@ -195,13 +196,14 @@ def sync_window(steps: int, log_every: int) -> int:
 
 
 def probe(cfg: Config, device: DeviceInfo, dataset: Dataset, tokenizer: Any, micro_batch: int,
-          steps: int) -> Breakdown:
-    """Time ``steps`` steady optimizer steps of ``cfg`` apart, then count the host syncs over about as many."""
+          steps: int, encode: Encode = data_mod.encode) -> Breakdown:
+    """Time ``steps`` steady optimizer steps of ``cfg`` apart, then count the host syncs over about as many.
+    ``encode``: data.encode, or a warm start's cache of it (the audit's, whose runs tokenized the tables)."""
     warmup = max(1, cfg.train.warmup_steps_excluded)
     counted = sync_window(steps, cfg.train.log_every)
     # One step past the counting window: the loop also reads the loss at its last step, whatever log_every says.
     run_cfg = with_overrides(cfg, [f"train.max_steps={warmup + steps + counted + 1}", "train.eval_interval=0"])
-    s = build(run_cfg, device, dataset, tokenizer, micro_batch=micro_batch)
+    s = build(run_cfg, device, dataset, tokenizer, micro_batch=micro_batch, encode=encode)
     loader = TimedLoader(s.train_loader)
     s.train_loader = loader
     optimizer = OptimizerTimer(s.optimizer, device.torch_device)

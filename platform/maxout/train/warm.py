@@ -20,11 +20,12 @@ class WarmStart:
         self._encoded: dict[tuple, tuple[data_mod.Table, data_mod.Encoded]] = {}
         self.hits = 0  # tokenized tables served from the cache
 
-    def tokenizer(self, model: ModelConfig) -> Any:
-        """The tokenizer ``model`` loads (modeling.load_tokenizer), loaded once per source."""
+    def tokenizer(self, model: ModelConfig, loaded: Any = None) -> Any:
+        """The tokenizer ``model`` loads (modeling.load_tokenizer), loaded once per source. ``loaded``: the one the
+        caller has loaded for ``model`` already (its input check's), kept instead of loading it again."""
         key = (model.source, model.name_or_path, model.path, model.tokenizer)
         if key not in self._tokenizers:
-            self._tokenizers[key] = modeling.load_tokenizer(model)
+            self._tokenizers[key] = loaded if loaded is not None else modeling.load_tokenizer(model)
         return self._tokenizers[key]
 
     def encode(self, tokenizer: Any, table: data_mod.Table, max_length: int) -> data_mod.Encoded:
