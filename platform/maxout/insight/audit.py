@@ -195,7 +195,8 @@ class _Auditor:
         # The same train split as the runs it is about (same MLflow dataset); the validation split is its first rows.
         self.dataset = Dataset(full.train, full.validation.subset(list(range(kept))), full.label_names,
                                full.fingerprint, origins=origins)
-        self.micro_batch, _ = batch_finder.resolve(self.cfg, device, full, self.tokenizer, verbose=False)
+        self.micro_batch, _ = batch_finder.resolve(self.cfg, device, full, self.tokenizer, verbose=False,
+                                                   encode=self.warm.encode)
         self.accumulation = accumulation.plan(cfg.train.target_effective_batch, self.micro_batch)[0]
         model_config = modeling.build_config(cfg.model, full.label_names, len(self.tokenizer))
         self.model_class = modeling.model_class(model_config)
@@ -238,10 +239,11 @@ class _Auditor:
 
     def finder(self, cfg: Config) -> int:
         """The batch finder's micro-batch for ``cfg`` (cached per key here and in its own cache file)."""
-        plan = batch_finder.search_for(cfg, self.device, self.dataset, self.tokenizer)
+        plan = batch_finder.search_for(cfg, self.device, self.dataset, self.tokenizer, self.warm.encode)
         if plan.key not in self.found:
             self.say(f"batch finder: {plan.key}")
-            self.found[plan.key] = batch_finder.find(cfg, self.device, self.dataset, self.tokenizer).micro_batch
+            self.found[plan.key] = batch_finder.find(cfg, self.device, self.dataset, self.tokenizer,
+                                                     encode=self.warm.encode).micro_batch
         return self.found[plan.key]
 
     def assess(self) -> list[Assessment]:

@@ -54,7 +54,7 @@ from ..optimizations import compile as compile_opt, decide, precision as precisi
 from ..paths import resolve_path, state_dir
 from .loop import train_step
 from .oom import free_cached
-from .setup import Setup, build, build_collator, resolve_micro_batch
+from .setup import Encode, Setup, build, build_collator, resolve_micro_batch
 from .tensor_memory import GIB, TensorMemory, training_state
 
 log = logging.getLogger("maxout")
@@ -155,13 +155,13 @@ class StepProbe:
 
     @classmethod
     def build(cls, cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any, target: int,
-              budget_bytes: Optional[float]) -> "StepProbe":
+              budget_bytes: Optional[float], encode: Encode = data_mod.encode) -> "StepProbe":
         # Probes run eager on every device. A compiled probe paid a full compile of its own before the run compiled
         # again (dynamo specializes a batch of 1, so the 1-row probe and the next one made two graphs: three full
         # compiles, 108 s on an H200). Eager is the safe side: inductor's fusions keep fewer intermediates, so
         # a compiled step needs no more memory than the eager one (and the CPU meter counts eager tensors).
         cfg = replace(cfg, hardware=replace(cfg.hardware, compile=False))
-        return cls(build(cfg, device, dataset, tokenizer, micro_batch=1), target, budget_bytes)
+        return cls(build(cfg, device, dataset, tokenizer, micro_batch=1, encode=encode), target, budget_bytes)
 
     @property
     def sequence_length(self) -> int:
@@ -308,11 +308,13 @@ def budget_bytes(cfg: Config, device: DeviceInfo) -> Optional[float]:
     return float(max(1, int(psutil.virtual_memory().available * share // GIB // env_local_world_size())) * GIB)
 
 
-def longest_length(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any) -> int:
-    """The padded length of the longest training row: what the run's widest batch will be."""
+def longest_length(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
+                   encode: Encode = data_mod.encode) -> int:
+    """The padded length of the longest training row: what the run's widest batch will be. ``encode``: data.encode,
+    or a cache of it that the probe and the run then share (one tokenization of the table for all three)."""
     if cfg.data.padding == "max_length":
         return int(build_collator(cfg, device, tokenizer)([{"input_ids": [0], "labels": 0}])["input_ids"].shape[1])
-    encoded = data_mod.encode(tokenizer, dataset.train, cfg.data.max_length)
+    encoded = encode(tokenizer, dataset.train, cfg.data.max_length)
     row = encoded[max(range(len(encoded)), key=encoded.lengths.__getitem__)]
     return int(build_collator(cfg, device, tokenizer)([row])["input_ids"].shape[1])
 
@@ -336,29 +338,30 @@ class SearchPlan:
     key: str
 
 
-def search_for(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any) -> SearchPlan:
+def search_for(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
+               encode: Encode = data_mod.encode) -> SearchPlan:
     # Under torchrun every process feeds its own micro-batch into each step: it divides the process's share.
     target = math.ceil(target_batch(cfg) / env_world_size())
-    length = longest_length(cfg, device, dataset, tokenizer)
+    length = longest_length(cfg, device, dataset, tokenizer, encode)
     cap, budget = min(target, len(dataset.train), cfg.batch_finder.max_batch), budget_bytes(cfg, device)
     return SearchPlan(target, length, cap, search_range(cap, cfg.batch_finder.safety_margin), budget,
                       cache_key(cfg, device, length, budget))
 
 
 def find(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-         probe: Optional[Callable[[int], bool]] = None) -> Result:
+         probe: Optional[Callable[[int], bool]] = None, encode: Encode = data_mod.encode) -> Result:
     """Search (or look up) the largest micro-batch for ``cfg`` on ``device``. ``probe`` replaces the real
-    StepProbe (and bypasses the cache), e.g. with a synthetic memory model."""
+    StepProbe (and bypasses the cache), e.g. with a synthetic memory model. ``encode``: as longest_length's."""
     started = time.perf_counter()
     bf = cfg.batch_finder
-    plan = search_for(cfg, device, dataset, tokenizer)
+    plan = search_for(cfg, device, dataset, tokenizer, encode)
     target, length, cap, upper, budget, key = plan.target, plan.length, plan.cap, plan.upper, plan.budget, plan.key
     entry = cached(cfg, key, upper) if probe is None else None
     if entry:
         found, probes = min(entry["max_batch"], upper), [tuple(p) for p in entry["probes"]]
     else:
         try:
-            real = StepProbe.build(cfg, device, dataset, tokenizer, target, budget) if probe is None else None
+            real = StepProbe.build(cfg, device, dataset, tokenizer, target, budget, encode) if probe is None else None
         except torch.OutOfMemoryError:  # the weights and optimizer state alone do not fit the device
             raise _no_fit(cfg, device, length, budget, None) from None
         try:
@@ -396,11 +399,11 @@ def _no_fit(cfg: Config, device: DeviceInfo, length: int, budget: Optional[float
 
 
 def resolve(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
-            verbose: bool = True) -> tuple[int, dict[str, str]]:
+            verbose: bool = True, encode: Encode = data_mod.encode) -> tuple[int, dict[str, str]]:
     """The run's micro-batch and the params that explain it: the configured batch, or the finder's answer."""
     if cfg.batch_size != "auto":
         return resolve_micro_batch(cfg), {}
-    result = find(cfg, device, dataset, tokenizer)
+    result = find(cfg, device, dataset, tokenizer, encode=encode)
     if verbose:
         print(f"maxout: {result.summary()}", file=sys.stderr)
     return result.micro_batch, result.params()

@@ -213,7 +213,9 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
     checked = prepare.check(cfg, dataset, tokenizer)  # every input problem at once, before a run exists
     dataset, tokenizer = checked.dataset, checked.tokenizer
     resuming = resume.agreed(world, checked.resume, dataset)  # rank 0's choice of run and checkpoint, on every rank
-    micro_batch, finder_params = batch_finder.resolve(cfg, device, dataset, tokenizer, verbose=verbose)
+    # One tokenization of each table per run: a batch finder's longest row and its probe's set-up reuse it
+    encode = warm.encode if warm else WarmStart().encode
+    micro_batch, finder_params = batch_finder.resolve(cfg, device, dataset, tokenizer, verbose=verbose, encode=encode)
     if world.size > 1:  # each rank searched its own device: the smallest answer fits them all
         micro_batch = world.agree_min(micro_batch)
         finder_params = {**finder_params, "batch_finder.micro_batch": str(micro_batch)} if finder_params else {}
@@ -233,8 +235,7 @@ def _train(cfg: Config, world: World, tracker: Optional[Tracker], callbacks: Seq
     with guard, distributed.reporting_failures(world):
         run_id = world.broadcast(tracker.run_id)  # the job's run, on every rank
         resuming.run_id = run_id or resuming.run_id
-        setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch, world=world,
-                      encode=warm.encode if warm else data_mod.encode)
+        setup = build(cfg, device, dataset, tokenizer, micro_batch=micro_batch, world=world, encode=encode)
         setup.oom.attach(tracker)  # out-of-memory recoveries are logged as they happen
         if verbose:
             print(startup_banner(setup), file=sys.stderr)
