@@ -4,6 +4,7 @@ runs with HF_HUB_OFFLINE=1 unless it opts out (tests/test_hub.py)."""
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import sys
@@ -328,6 +329,23 @@ def warm_starts(monkeypatch) -> list:
     made, real = [], warm.WarmStart.__init__
     monkeypatch.setattr(warm.WarmStart, "__init__", lambda self: (real(self), made.append(self))[0])
     return made
+
+
+@pytest.fixture
+def tokenized_rows(monkeypatch) -> collections.Counter:
+    """How often the test's process tokenized a table of each size: {rows: calls}, from every tokenizer's __call__
+    with a list of texts (data.encode's call). A table tokenized twice for one run counts 2 at its size."""
+    from transformers import PreTrainedTokenizerBase
+
+    calls, tokenize = collections.Counter(), PreTrainedTokenizerBase.__call__
+
+    def counted(self, text=None, *args, **kwargs):
+        if isinstance(text, list):
+            calls[len(text)] += 1
+        return tokenize(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "__call__", counted)
+    return calls
 
 
 @pytest.fixture

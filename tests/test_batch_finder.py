@@ -112,21 +112,14 @@ def test_real_probe_finds_the_budget_limit_then_an_epoch_at_the_longest_length_s
     assert metrics["train/samples"] == len(demo[0].train)
 
 
-def test_train_with_batch_size_auto_logs_the_search_and_reuses_the_cache(demo, cpu_device, tmp_path, monkeypatch):
+def test_train_with_batch_size_auto_logs_the_search_and_reuses_the_cache(demo, cpu_device, tmp_path, monkeypatch,
+                                                                           tokenized_rows):
     cfg = load("train.batch_size=auto", "train.target_effective_batch=32", "batch_finder.memory_budget_gb=4",
                tmp_path=tmp_path)
     tracker = NullTracker()
-    tokenizations = []  # each call that tokenizes the training table (data.encode: texts, pairs)
-    tokenizer_class, tokenize = type(demo[1]), type(demo[1]).__call__
-    def counted(self, *args, **kwargs):
-        tokenizations.extend([1] if args and args[0] is demo[0].train.texts else [])
-        return tokenize(self, *args, **kwargs)
-
-    monkeypatch.setattr(tokenizer_class, "__call__", counted)
     result = train(cfg, tracker=tracker, progress=False, device=cpu_device, verbose=False, dataset=demo[0])
-    monkeypatch.setattr(tokenizer_class, "__call__", tokenize)
     # The finder's longest row, its probe's set-up and the run share one tokenization (they made three before)
-    assert len(tokenizations) == 1
+    assert tokenized_rows[len(demo[0].train)] == 1
     p = tracker.params
     assert p["batch_finder.cache_hit"] == "false" and p["batch_finder.probes"] == "1:ok 36:ok"
     assert p["batch_finder.micro_batch"] == p["derived.micro_batch"] == "32"

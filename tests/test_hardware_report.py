@@ -22,7 +22,7 @@ def test_check_hardware_prints_on_cpu(capsys, tmp_path):
         assert text in out, text
 
 
-def test_check_hardware_json_parses(capsys, tmp_path, cpu_device):
+def test_check_hardware_json_parses(capsys, tmp_path, cpu_device, tokenized_rows):
     args = ["check-hardware", "model=tiny", "train.target_effective_batch=64", "batch_finder.memory_budget_gb=2",
             f"batch_finder.cache_path={tmp_path / 'c.json'}", "--json"]
     assert cli.main(args) == 0
@@ -34,6 +34,8 @@ def test_check_hardware_json_parses(capsys, tmp_path, cpu_device):
     assert rep["versions"]["torch"] == cpu_device.torch_version
     batch = rep["batch"]
     assert batch["source"] == "search" and batch["micro_batch"] == 64 and batch["budget_gb"] == 2.0
+    # The search's longest row and its probe's set-up tokenized the demo's 800 training rows once, not twice
+    assert tokenized_rows[800] == 1
     # The search was cached: the same report without probing says so.
     assert cli.main([*args[:-1], "--no-search", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)["batch"]

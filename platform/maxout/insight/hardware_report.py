@@ -21,6 +21,7 @@ from ..hardware import DeviceInfo, Topology, load_profiles, pick_profile, topolo
 from ..optimizations import accumulation, compile as compile_opt, cudnn_benchmark, dataloader, fast_dropout
 from ..optimizations import fused_adamw, precision as precision_opt, tf32
 from ..train import batch_finder
+from ..train.warm import WarmStart
 
 
 def support(device: DeviceInfo) -> dict[str, dict]:
@@ -51,13 +52,14 @@ def recommended_batch(cfg: Config, device: DeviceInfo, search: bool = True) -> d
     try:
         dataset = data_mod.load(cfg.data)
         tokenizer = modeling.load_tokenizer(cfg.model)
+        encode = WarmStart().encode  # the longest row and the probe's set-up share one tokenization
         if not search:
-            plan = batch_finder.search_for(cfg, device, dataset, tokenizer)
+            plan = batch_finder.search_for(cfg, device, dataset, tokenizer, encode)
             entry = batch_finder.cached(cfg, plan.key, plan.upper)
             return ({"source": "cache", "max_batch": entry["max_batch"], "sequence_length": plan.length,
                      "key": plan.key} if entry else
                     {"error": "not in the batch finder's cache (run without --no-search)", "key": plan.key})
-        result = batch_finder.find(cfg, device, dataset, tokenizer)
+        result = batch_finder.find(cfg, device, dataset, tokenizer, encode=encode)
     except MaxoutError as err:
         return {"error": str(err)}
     return {"source": "cache" if result.cache_hit else "search", "micro_batch": result.micro_batch,
