@@ -17,7 +17,7 @@ from ..config import ModelConfig
 class WarmStart:
     def __init__(self) -> None:
         self._tokenizers: dict[tuple, Any] = {}
-        self._encoded: dict[tuple, tuple[data_mod.Table, data_mod.Encoded]] = {}
+        self._encoded: dict[tuple, tuple[Any, data_mod.Table, data_mod.Encoded]] = {}
         self.hits = 0  # tokenized tables served from the cache
 
     def tokenizer(self, model: ModelConfig, loaded: Any = None) -> Any:
@@ -29,11 +29,11 @@ class WarmStart:
         return self._tokenizers[key]
 
     def encode(self, tokenizer: Any, table: data_mod.Table, max_length: int) -> data_mod.Encoded:
-        """data.encode, once per (tokenizer, table, max_length). The entry holds the table, so its id stays its
-        own while cached."""
+        """data.encode, once per (tokenizer, table, max_length). The entry holds the tokenizer and the table, so
+        their ids stay their own while cached (a caller's tokenizer need not be one this warm start loaded)."""
         key = (id(tokenizer), id(table), max_length)
         if key in self._encoded:
             self.hits += 1
         else:
-            self._encoded[key] = (table, data_mod.encode(tokenizer, table, max_length))
-        return self._encoded[key][1]
+            self._encoded[key] = (tokenizer, table, data_mod.encode(tokenizer, table, max_length))
+        return self._encoded[key][2]
