@@ -66,14 +66,14 @@ def run(demo, cpu_device, from_step: int, max_rows: int, extra=()):
     return setup, tight, tracker, metrics
 
 
-# SDPA: the row chunks' attention masks prepared from their host copies (prepared_mask.padded reads a chunk's mask,
-# which has no token counts), the whole micro-batches' from the collator's counts
+# Both attentions (tiny BERT): the row chunks' attention masks prepared from their host copies (prepared_mask.padded
+# reads a chunk's mask, which has no token counts), the whole micro-batches' from the collator's counts
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_an_oom_at_step_k_halves_the_micro_batch_and_keeps_the_effective_batch(demo, cpu_device, attention):
     extra = [f"hardware.attn_implementation={attention}"]
     base, base_rows, _, base_metrics = run(demo, cpu_device, from_step=10**9, max_rows=16, extra=extra)
     setup, tight, tracker, metrics = run(demo, cpu_device, from_step=3, max_rows=8, extra=extra)
-    assert (setup.mask_preparer is not None) is (attention == "sdpa")
+    assert setup.mask_preparer is not None and (setup.mask_preparer.norm is not None) is (attention == "eager")
 
     assert tight.attempts == 1  # one failure, then every forward pass fits
     assert setup.oom.events == [{"step": 3, "rows_before": 16, "rows_after": 8, "chunks": 2, "sequence_length": 32}]

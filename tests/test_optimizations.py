@@ -141,11 +141,15 @@ SETTINGS: dict[str, Case] = {
         ["model=tiny_qwen3", "hardware.attn_implementation=sdpa"], {"opt.prepared_mask.effective": "true"},
         lambda r, d: list(r.setup.mask_preparer.builders) == ["full_attention"] and isinstance(r.setup.model_inputs(
             {**next(iter(r.setup.train_loader)), "num_real_tokens": 1, "num_tokens": 2})["backbone_mask"], dict)),
-    "prepared_mask_off_with_eager_attention": Case(
-        ["hardware.attn_implementation=eager", "hardware.prepared_mask=true"],
+    "prepared_mask_with_eager_attention": Case(  # the CPU profile's: transformers reads an encoder's eager mask too
+        ["hardware.attn_implementation=eager", "hardware.prepared_mask=true"], {"opt.prepared_mask.effective": "true"},
+        lambda r, d: r.setup.mask_preparer.norm is not None and "attention_mask" not in r.setup.model_inputs(
+            {**next(iter(r.setup.train_loader)), "num_real_tokens": 1, "num_tokens": 1})),
+    "prepared_mask_off_for_an_eager_decoder": Case(
+        ["model=tiny_qwen3", "hardware.attn_implementation=eager", "hardware.prepared_mask=true"],
         {"opt.prepared_mask.requested": "true", "opt.prepared_mask.effective": "false"},
         lambda r, d: r.setup.mask_preparer is None and r.setup.model_inputs(next(iter(r.setup.train_loader)))[
-            "attention_mask"].dim() == 2, {"opt.prepared_mask.reason": "without reading it on the host"}),
+            "attention_mask"].dim() == 2, {"opt.prepared_mask.reason": "causal mask without reading it on the host"}),
     "inductor_tuning_off_without_cuda": Case(
         ["hardware.inductor_tuning=true", "hardware.compile=true"], {"opt.inductor_tuning.effective": "false"},
         lambda r, d: not inductor_tuning.enabled(), {"opt.inductor_tuning.reason": "no CUDA device"}),

@@ -41,14 +41,14 @@ def outputs_and_reads(model, batch_inputs):
     return out, counted
 
 
-def check(name: str, pooled: bool, reads: bool = True, **architecture):
+def check(name: str, pooled: bool, reads: bool = True, attn: str = "sdpa", **architecture):
     """The outputs with and without prepared masks, padded and unpadded, and the host reads of each forward; the
     model's own head, or per-sample pooling (``pooled``: the native pooling test_packing builds). ``reads``: whether
     transformers' own forward reads a padded batch's mask (not where a window shorter than the rows makes it build
     the mask anyway)."""
-    classifier, rows, tokenizer = build(name, "sdpa", **architecture)
+    classifier, rows, tokenizer = build(name, attn, **architecture)
     model_type = classifier.model.config.model_type
-    assert prepared_mask.supported(model_type, "sdpa", "dynamic", "last" if pooled else None) == (True, "")
+    assert prepared_mask.supported(model_type, attn, "dynamic", "last" if pooled else None) == (True, "")
     for row in rows:
         row["labels"] = len(row["input_ids"]) % 3
     preparer = prepared_mask.apply(classifier.model, pooled=pooled)
@@ -86,6 +86,35 @@ def test_modernberts_prepared_masks_are_its_global_and_sliding_ones():
     assert list(preparer.builders) == ["full_attention", "sliding_attention"] and not preparer.single
 
 
+@pytest.mark.parametrize("name", [*sorted(ENCODERS), "tiny_modernbert"])
+def test_an_eager_encoders_prepared_mask_gives_the_same_outputs_without_its_host_read(name):
+    """Eager attention (the CPU profile's) builds an encoder's additive mask after the same padding check as SDPA's:
+    transformers' own forward reads the mask on the host (once, ModernBERT twice: a sync each on a GPU); the
+    prepared one reads nothing and gives the same logits and loss."""
+    _, preparer = check(name, pooled=name == "tiny_modernbert", attn="eager")
+    assert isinstance(preparer.norm, torch.nn.LayerNorm)
+
+
+def test_an_eager_mask_takes_the_dtype_of_a_low_precision_layernorms_embeddings():
+    """Under autocast with low_precision_layernorm, an eager encoder's embeddings and so its additive mask are bf16;
+    a mask built in the weights' fp32 would promote every layer's attention scores to fp32 (twice their bytes; the
+    logits come out equal here either way, so the dtype is what is asserted)."""
+    from maxout.optimizations import low_precision_layernorm
+
+    classifier, rows, tokenizer = build("tiny", "eager")
+    low_precision_layernorm.apply(classifier.model)
+    preparer = prepared_mask.apply(classifier.model)
+    batch = padded_batch(rows, tokenizer)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, plain = outputs_and_reads(classifier.model, inputs(batch))
+        prepared = preparer(inputs(batch), prepared_mask.padded(batch))
+        got, counted = outputs_and_reads(classifier.model, prepared)
+    assert prepared["attention_mask"].dtype == torch.bfloat16 and preparer.mask_dtype(torch.device("cpu")) is \
+        torch.float32  # outside autocast: the weights'
+    assert torch.equal(got.logits, expected.logits)
+    assert plain.total >= 1 and counted.total == 0
+
+
 @pytest.mark.parametrize("pooled", [False, True])
 @pytest.mark.parametrize("name", sorted(DECODERS))
 def test_a_decoders_prepared_masks_give_the_same_outputs_without_the_masks_host_reads(name, pooled):
@@ -109,7 +138,10 @@ def test_a_sliding_decoders_prepared_masks_are_the_ones_its_layers_take(name):
 def test_what_prepared_masks_leave_alone_says_why():
     assert prepared_mask.supported("bert", "sdpa", "packed", None) == (
         False, "packed batches carry no padding mask: nothing to prepare")
-    assert "without reading it on the host" in prepared_mask.supported("bert", "eager", "dynamic", None)[1]
+    assert prepared_mask.supported("bert", "eager", "dynamic", None) == (True, "")
+    for model_type in prepared_mask.DECODERS:
+        assert prepared_mask.supported(model_type, "eager", "dynamic", "last") == (
+            False, "eager attention builds a decoder's causal mask without reading it on the host")
     assert "unpads each batch" in prepared_mask.supported("bert", "flash_attention_2", "dynamic", None)[1]
     for model_type in ("gemma3_text", "gemma2", "deberta-v2"):
         ok, why = prepared_mask.supported(model_type, "sdpa", "dynamic", "last")

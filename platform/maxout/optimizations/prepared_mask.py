@@ -26,9 +26,14 @@ input layout would compile another graph), so this serves eager runs and a compi
 Scope (``MODEL_TYPES``): the encoders whose mask is transformers' plain bidirectional one, ModernBERT under
 per-sample pooling (its own head may pool by the 2D mask: ``classifier_pooling=mean``, as its checkpoints set), and
 the decoders whose layers take transformers' causal or sliding-window causal masks; with SDPA attention and padded
-batches. Gemma 3 overlays masks of its own (its bidirectional switch, which a checkpoint may set), packed batches
-carry no padding mask, eager attention builds its mask without the host read, and flash-attention 2 unpads each
-batch from its lengths on the host anyway.
+batches; the encoders with eager attention too, whose mask transformers builds from the same check (the CPU profile's
+attention: on a GPU its read is a sync as SDPA's is). Eager attention builds a decoder's causal mask without the read,
+Gemma 3 overlays masks of its own (its bidirectional switch, which a checkpoint may set), packed batches carry no
+padding mask, and flash-attention 2 unpads each batch from its lengths on the host anyway.
+
+An eager mask is additive, in the dtype of the embeddings the model computes: its embeddings' LayerNorm's output
+under the forward's autocast (fp32 under autocast's own rules, the autocast dtype where low_precision_layernorm runs
+it there): the preparer runs inside the same autocast and builds the mask in that dtype.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from transformers.masking_utils import (create_bidirectional_mask, create_bidire
 
 from ..errors import ConfigError
 from .lora import transformers_model
+from .low_precision_layernorm import LowPrecisionLayerNorm
 
 # Encoders whose base model builds its mask with create_bidirectional_mask(config, embeddings, attention_mask) alone
 # and whose classification head never reads the 2D mask
@@ -66,10 +72,12 @@ def supported(model_type: str, attention: str, padding: str, pooling: Optional[s
     model.pooling."""
     if padding == "packed":
         return False, "packed batches carry no padding mask: nothing to prepare"
-    if attention != "sdpa":
-        why = {"eager": "eager attention builds its mask without reading it on the host",
-               "flash_attention_2": "flash-attention 2 unpads each batch from its lengths, read on the host anyway"}
-        return False, why.get(attention, f"attention {attention!r} is not SDPA")
+    if attention == "flash_attention_2":
+        return False, "flash-attention 2 unpads each batch from its lengths, read on the host anyway"
+    if attention not in ("sdpa", "eager"):
+        return False, f"attention {attention!r} is neither SDPA nor eager"
+    if attention == "eager" and model_type in DECODERS:
+        return False, "eager attention builds a decoder's causal mask without reading it on the host"
     if model_type not in MODEL_TYPES:
         return False, (f"model type {model_type!r} builds or reads its masks its own way; prepared masks cover "
                        f"{', '.join(MODEL_TYPES)}")
@@ -102,9 +110,20 @@ class MaskPreparer:
     ``apply``)."""
 
     def __init__(self, config: Any, dtype: torch.dtype, builders: dict[str, Callable], single: bool = True,
-                 causal: bool = False, key: str = "attention_mask", always: bool = False):
+                 causal: bool = False, key: str = "attention_mask", always: bool = False,
+                 norm: Optional[torch.nn.Module] = None):
         self.config, self.dtype, self.builders = config, dtype, builders
         self.single, self.causal, self.key, self.always = single, causal, key, always
+        self.norm = norm  # eager attention: the embeddings' LayerNorm, whose output dtype is the additive mask's
+
+    def mask_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype of the embeddings the model will compute, which its own builders would read: the weights'
+        (torch's LayerNorm hands back its input's dtype on a CPU and fp32 under CUDA autocast, and the embeddings sum
+        fp32 weights), or the caller's autocast dtype where the embeddings' LayerNorm is low_precision_layernorm's.
+        Asked of the module's type, not by running it: an FSDP-sharded module cannot run outside the forward."""
+        if isinstance(self.norm, LowPrecisionLayerNorm) and torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.dtype
 
     def __call__(self, inputs: dict, has_padding: Optional[bool]) -> dict:
         """``inputs`` with the masks transformers would build when ``has_padding`` is True (or ``always``); when
@@ -122,7 +141,7 @@ class MaskPreparer:
         prepared = dict(inputs)
         rows, width = mask.shape
         # only its shape, dtype and device are read: the embeddings the model will compute
-        embeddings = torch.empty(rows, width, 0, dtype=self.dtype, device=mask.device)
+        embeddings = torch.empty(rows, width, 0, dtype=self.mask_dtype(mask.device), device=mask.device)
         built = {kind: build(self.config, embeddings, mask) for kind, build in self.builders.items()}
         prepared[self.key] = next(iter(built.values())) if self.single else built
         return prepared
@@ -138,10 +157,12 @@ def apply(model: torch.nn.Module, pooled: bool = False, always: bool = False) ->
     base = transformers_model(model)
     config, dtype = base.config, base.get_input_embeddings().weight.dtype
     key = "backbone_mask" if pooled else "attention_mask"
+    norm = _embeddings_norm(base) if config._attn_implementation == "eager" else None
     if config.model_type in ENCODERS:
-        return MaskPreparer(config, dtype, {"full_attention": BIDIRECTIONAL["full_attention"]}, key=key, always=always)
+        return MaskPreparer(config, dtype, {"full_attention": BIDIRECTIONAL["full_attention"]}, key=key, always=always,
+                            norm=norm)
     if config.model_type in SLIDING_ENCODERS:  # it builds both whatever its layers are: so does this
-        return MaskPreparer(config, dtype, BIDIRECTIONAL, single=False, key=key, always=always)
+        return MaskPreparer(config, dtype, BIDIRECTIONAL, single=False, key=key, always=always, norm=norm)
     listed = getattr(config, "layer_types", None)
     if listed:  # a mapping by type, which these models take in place of building their own
         kinds = sorted(set(listed))
@@ -153,3 +174,13 @@ def apply(model: torch.nn.Module, pooled: bool = False, always: bool = False) ->
                           f"masks for {', '.join(CAUSAL)}")
     return MaskPreparer(config, dtype, {kind: CAUSAL[kind] for kind in kinds}, single=not listed, causal=True, key=key,
                         always=always)
+
+
+def _embeddings_norm(model: torch.nn.Module) -> torch.nn.Module:
+    """The LayerNorm an encoder's embeddings end with (BERT-class: ``LayerNorm``; ModernBERT: ``norm``)."""
+    embeddings = model.base_model.embeddings
+    norm = getattr(embeddings, "LayerNorm", None) or getattr(embeddings, "norm", None)
+    if not isinstance(norm, torch.nn.LayerNorm):
+        raise ConfigError(f"hardware.prepared_mask: {model.config.model_type}'s embeddings end in no LayerNorm, "
+                          f"whose dtype an eager mask takes; use hardware.prepared_mask=false")
+    return norm

@@ -100,7 +100,8 @@ class Setup:
         inputs = {k: batch[k].to(device, non_blocking=True) for k in data_mod.MODEL_INPUTS if k in batch}
         if self.mask_preparer is None or (compiled and self.compile_scope == "model"):
             return inputs
-        return self.mask_preparer(inputs, prepared_mask.padded(batch))
+        with self.precision.autocast():  # an eager mask's dtype is the embeddings' under the forward's autocast
+            return self.mask_preparer(inputs, prepared_mask.padded(batch))
 
     @property
     def gradients_in_buffers(self) -> bool:
