@@ -1,9 +1,9 @@
 """Low-precision LayerNorm (optimizations/low_precision_layernorm.py): under autocast every torch.nn.LayerNorm of an
 encoder runs in the autocast dtype, with autocast off around the kernel so that CUDA's policy (layer_norm on its fp32
 list) cannot send it back to fp32; outside autocast it is torch's LayerNorm to the bit, and the model's parameters and
-saved state do not change. On a CPU autocast already runs layer_norm in bf16, so these tests check the mechanism (what
-the kernel is handed, and with autocast off) and the numbers; the GPU test checks the effect: a bf16 residual stream
-where it was fp32."""
+saved state do not change. These tests check the mechanism (what the kernel is handed, and with autocast off), the
+numbers, and the effect on both devices: a bf16 residual stream where it was fp32 (CPU autocast leaves layer_norm in
+its input's dtype, and BERT's residual adds make that fp32)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from maxout.hardware import DeviceInfo
 from maxout.optimizations import low_precision_layernorm as lp
 
 from .conftest import fake_cuda
@@ -116,6 +117,23 @@ def test_compiled_under_autocast_it_is_one_graph_without_breaks():
         got = torch.compile(model, backend="eager")(**inputs).logits
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
     assert torch.equal(got, expected)
+
+
+def test_on_a_cpu_the_residual_stream_is_fp32_without_it_and_bf16_with_it():
+    """CPU autocast does not run BERT's LayerNorms in bf16 by itself (the reason this flag once gave for refusing
+    CPUs): its hidden states between layers are fp32 without the flag and bf16 with it, and the losses agree."""
+    labels = torch.tensor([0, 1, 2, 0])
+    runs = {}
+    for low in (False, True):
+        model = tiny("bert")
+        if low:
+            lp.apply(model)
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+            out = model(**batch(), labels=labels, output_hidden_states=True)
+        runs[low] = ({h.dtype for h in out.hidden_states[1:]}, out.loss.float().item())
+    assert runs[False][0] == {torch.float32} and runs[True][0] == {torch.bfloat16}
+    assert runs[True][1] == pytest.approx(runs[False][1], rel=0.02)
+    assert lp.supported(DeviceInfo(kind="cpu", name="cpu"), "bf16", model) == (True, "")
 
 
 def test_supported_on_cuda_with_16_bit_autocast_and_a_layernorm_only():

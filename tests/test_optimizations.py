@@ -127,12 +127,18 @@ SETTINGS: dict[str, Case] = {
         ["hardware.liger_kernel=true"], {"opt.liger_kernel.requested": "true", "opt.liger_kernel.effective": "false"},
         lambda r, d: not any(type(m).__name__.startswith("Liger") or "Liger" in m._get_name()
                              for m in r.setup.model.modules()), {"opt.liger_kernel.reason": "no CUDA device"}),
-    "low_precision_layernorm_off_without_cuda": Case(
-        ["hardware.low_precision_layernorm=true"], {"opt.low_precision_layernorm.requested": "true",
-                                                    "opt.low_precision_layernorm.effective": "false"},
+    # on a CPU too (CPU autocast leaves LayerNorm, and BERT's fp32 residual stream, in fp32), where it autocasts
+    "low_precision_layernorm": Case(
+        ["hardware.low_precision_layernorm=true", "hardware.precision=bf16"],
+        {"opt.low_precision_layernorm.effective": lambda d: str(d.bf16).lower()},
+        lambda r, d: any(isinstance(m, low_precision_layernorm.LowPrecisionLayerNorm)
+                         for m in r.setup.model.modules()) is d.bf16),
+    "low_precision_layernorm_off_in_fp32": Case(
+        ["hardware.low_precision_layernorm=true", "hardware.precision=fp32"],
+        {"opt.low_precision_layernorm.requested": "true", "opt.low_precision_layernorm.effective": "false"},
         lambda r, d: not any(isinstance(m, low_precision_layernorm.LowPrecisionLayerNorm)
                              for m in r.setup.model.modules()),
-        {"opt.low_precision_layernorm.reason": "CPU autocast already runs LayerNorm in the low-precision dtype"}),
+        {"opt.low_precision_layernorm.reason": "precision fp32: no autocast"}),
     "prepared_mask": Case(
         ["hardware.attn_implementation=sdpa", "hardware.prepared_mask=true"], {"opt.prepared_mask.effective": "true"},
         lambda r, d: r.setup.mask_preparer is not None and "attention_mask" not in r.setup.model_inputs(

@@ -116,7 +116,7 @@ class HardwareConfig:
     inductor_tuning: bool = False  # inductor's coordinate-descent tuning of its Triton kernels (inductor_tuning.py)
     mix_order_reduction: bool = True  # inductor fuses a LayerNorm backward's two reductions (mix_order_reduction.py)
     skip_guards: bool = True  # compiled forwards skip dynamo's guards for inputs already seen (skip_guards.py)
-    low_precision_layernorm: bool = False  # LayerNorm in bf16/fp16 under CUDA autocast (low_precision_layernorm.py)
+    low_precision_layernorm: bool = False  # LayerNorm in bf16/fp16 under autocast (low_precision_layernorm.py)
     prepared_mask: bool = True  # eager forwards get their attention mask built, not read on the host (prepared_mask.py)
     batch_size: Any = 32  # per-device micro-batch: int or 'auto' (batch finder)
     num_workers: Any = "auto"  # int or 'auto' = cores - 2, at least 0

@@ -143,10 +143,13 @@ def _checkpointing(cfg: Config, ctx: Context) -> Target:
 def _low_precision_layernorm(cfg: Config, ctx: Context) -> Target:
     # Decided when the model is built (it looks for the model's LayerNorms), so not in plan_decisions: the device
     # and the precision are checked here with the same code; a model without one logs why when its run builds it.
+    # Asked for or not, an unsupported one cannot be used (the CPU profile asks for it, and a CPU in fp32 refuses it).
+    ok, why = low_precision_layernorm.supported(ctx.device, named(ctx.current, "precision").effective)
+    if not ok:
+        return Target(status=CANNOT_USE, note=why)
     if cfg.hardware.low_precision_layernorm:
         return Target(status=IN_USE, note="hardware.low_precision_layernorm=true already")
-    ok, why = low_precision_layernorm.supported(ctx.device, named(ctx.current, "precision").effective)
-    return _try("hardware.low_precision_layernorm=true") if ok else Target(status=CANNOT_USE, note=why)
+    return _try("hardware.low_precision_layernorm=true")
 
 
 def _mix_order_off(cfg: Config, ctx: Context) -> Target:
