@@ -10,8 +10,9 @@ another 10%: memory traffic, not arithmetic. In 16 bits the LayerNorm kernel sti
 in fp32; only its input, weight, bias and output are 16-bit, and the weights themselves stay fp32 parameters (their
 16-bit copies are made per forward, as autocast does for a linear's weight). MosaicML's Composer
 (``LowPrecisionLayerNorm``) and its MPT models run LayerNorm this way. A measured flag
-(``hardware.low_precision_layernorm``, an ablation axis, and a case of the GPU report's MFU section), off by default
-until a GPU says what it buys.
+(``hardware.low_precision_layernorm``, an ablation axis, and a case of the GPU report's MFU section): on in the Hopper
+profiles (1.13x tokens/s on the H200) and the CPU profile (below), off in the others until a GPU of theirs says what
+it buys.
 
 Scope: the model's ``torch.nn.LayerNorm`` modules (BERT, RoBERTa, ELECTRA, DeBERTa, MiniLM, ModernBERT). The
 decoders' RMSNorm classes cast to fp32 inside their own forward (Liger's kernels are theirs: liger_kernel.py).
@@ -53,7 +54,8 @@ def layer_norms(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def supported(device: Any, precision: str, model: Optional[torch.nn.Module] = None) -> tuple[bool, str]:
     """``precision``: the precision decision's effective value; ``model``: the built model (None: not checked).
-    ``device``: any (CUDA and CPU autocast both leave LayerNorm in fp32 here); kept as every support check takes it."""
+    ``device``: any (under CUDA and CPU autocast alike an encoder's LayerNorms otherwise run in fp32); kept as every
+    support check takes one."""
     if precision == "fp32":
         return False, "precision fp32: no autocast, LayerNorm already runs in the model's own dtype"
     if model is not None and not layer_norms(model):

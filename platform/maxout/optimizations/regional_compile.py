@@ -24,8 +24,9 @@ in its block lists. ``state_dict`` and everything saved come from the eager mode
 
 Masks: the eager model hands its layers the attention mask transformers builds, and none for a batch without padding;
 a layer graph traced with a mask would compile a second graph for the first such batch, mid-run. Prepared masks
-(prepared_mask.py: SDPA, the model types it covers, the GPU profiles' default) give the layers one for every batch
-(``always``); elsewhere (eager attention, the CPU profile's) that second, one-layer graph is compiled.
+(prepared_mask.py: the model types it covers, SDPA or an encoder's eager attention, every profile's default) give the
+layers one for every batch (``always``); elsewhere (a decoder's eager attention, say) that second, one-layer graph is
+compiled.
 """
 
 from __future__ import annotations
