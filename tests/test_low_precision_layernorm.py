@@ -119,21 +119,29 @@ def test_compiled_under_autocast_it_is_one_graph_without_breaks():
     assert torch.equal(got, expected)
 
 
-def test_on_a_cpu_the_residual_stream_is_fp32_without_it_and_bf16_with_it():
-    """CPU autocast does not run BERT's LayerNorms in bf16 by itself (the reason this flag once gave for refusing
-    CPUs): its hidden states between layers are fp32 without the flag and bf16 with it, and the losses agree."""
-    labels = torch.tensor([0, 1, 2, 0])
+def residual_stream(device_type: str) -> dict:
+    """{flag on: (the dtypes of tiny BERT's hidden states, its loss)} under bf16 autocast on ``device_type``."""
+    device = torch.device(device_type)
+    labels = torch.tensor([0, 1, 2, 0], device=device)
+    inputs = {k: v.to(device) for k, v in batch().items()}
     runs = {}
     for low in (False, True):
-        model = tiny("bert")
+        model = tiny("bert").to(device)
         if low:
             lp.apply(model)
-        with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-            out = model(**batch(), labels=labels, output_hidden_states=True)
-        runs[low] = ({h.dtype for h in out.hidden_states[1:]}, out.loss.float().item())
+        with torch.autocast(device_type, dtype=torch.bfloat16), torch.no_grad():
+            out = model(**inputs, labels=labels, output_hidden_states=True)
+        runs[low] = ({h.dtype for h in out.hidden_states}, out.loss.float().item())
+    return runs
+
+
+def test_on_a_cpu_the_residual_stream_is_fp32_without_it_and_bf16_with_it():
+    """CPU autocast does not run BERT's LayerNorms in bf16 by itself (the reason this flag once gave for refusing
+    CPUs): its hidden states are fp32 without the flag and bf16 with it, and the losses agree."""
+    runs = residual_stream("cpu")
     assert runs[False][0] == {torch.float32} and runs[True][0] == {torch.bfloat16}
     assert runs[True][1] == pytest.approx(runs[False][1], rel=0.02)
-    assert lp.supported(DeviceInfo(kind="cpu", name="cpu"), "bf16", model) == (True, "")
+    assert lp.supported(DeviceInfo(kind="cpu", name="cpu"), "bf16", tiny("bert")) == (True, "")
 
 
 def test_supported_on_cuda_with_16_bit_autocast_and_a_layernorm_only():
@@ -151,16 +159,6 @@ def test_supported_on_cuda_with_16_bit_autocast_and_a_layernorm_only():
 def test_on_cuda_the_residual_stream_is_bf16_and_the_loss_agrees():
     """What the flag is for: with it, BERT's hidden states between layers are bf16 under autocast; without it they
     are fp32 (autocast's layer_norm), and the two losses agree to bf16's precision."""
-    device = torch.device("cuda")
-    labels = torch.tensor([0, 1, 2, 0], device=device)
-    inputs = {k: v.to(device) for k, v in batch().items()}
-    runs = {}
-    for low in (False, True):
-        model = tiny("bert").to(device)
-        if low:
-            lp.apply(model)
-        with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
-            out = model(**inputs, labels=labels, output_hidden_states=True)
-        runs[low] = ({h.dtype for h in out.hidden_states}, out.loss.float().item())
+    runs = residual_stream("cuda")
     assert runs[False][0] == {torch.float32} and runs[True][0] == {torch.bfloat16}
     assert runs[True][1] == pytest.approx(runs[False][1], rel=0.02)
