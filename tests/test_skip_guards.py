@@ -146,6 +146,13 @@ def test_inputs_that_are_not_tensors_or_plain_values_always_run_the_guards():
     module = torch.nn.Linear(1, 1)
     assert skip_guards.signature({"input_ids": torch.zeros(2, 3), "labels": None}, module) is not None
     assert skip_guards.signature({"packing": object()}, module) is None
+    # masks by layer type (unmasked_causal.py): a mapping's tensors are told apart like the inputs' own, and the
+    # mapping falls to the full guards where one of its values is neither
+    masks = [{"full_attention": None, "sliding_attention": torch.zeros(2, 1, width, width)} for width in (3, 4)]
+    first, second = (skip_guards.signature({"attention_mask": m}, module) for m in masks)
+    assert None not in (first, second) and first != second
+    assert first == skip_guards.signature({"attention_mask": {**masks[0]}}, module)
+    assert skip_guards.signature({"attention_mask": {"full_attention": object()}}, module) is None
     calls = []
     forward = skip_guards.GuardSkippingForward(lambda **inputs: calls.append(inputs), module, graphs=lambda: 1)
     for _ in range(3):

@@ -52,20 +52,25 @@ def supported(compiled: bool, packed: bool, parallel: str = "none") -> tuple[boo
 
 def signature(inputs: dict, module: Any) -> Optional[tuple]:
     """What dynamo's guards read of a call that can change between training steps, as a hashable key; None where an
-    input is neither a tensor nor a plain value (such a call always runs the full guards)."""
+    input is neither a tensor, a plain value nor a mapping of them by name (prepared masks by layer type), so the
+    call always runs the full guards."""
     key: list = [torch.is_grad_enabled(), getattr(module, "training", None)]
     for device_type in ("cuda", "cpu"):
         enabled = torch.is_autocast_enabled(device_type)
         key.append((enabled, torch.get_autocast_dtype(device_type) if enabled else None))
-    for name in sorted(inputs):
-        value = inputs[name]
-        if isinstance(value, torch.Tensor):
-            key.append((name, value.shape, value.stride(), value.dtype, value.device, value.requires_grad))
-        elif value is None or isinstance(value, (bool, int, float, str)):
-            key.append((name, value))
-        else:
-            return None
-    return tuple(key)
+    values = _signature(inputs)
+    return None if values is None else (*key, values)
+
+
+def _signature(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.shape, value.stride(), value.dtype, value.device, value.requires_grad
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return type(value), value  # the type too: a guard on True does not pass 1
+    if isinstance(value, dict) and all(isinstance(name, str) for name in value):
+        described = [(name, _signature(value[name])) for name in sorted(value)]
+        return None if any(d is None for _, d in described) else ("mapping", tuple(described))
+    return None
 
 
 class GuardSkippingForward:
