@@ -114,6 +114,21 @@ def test_levers_in_use_and_skipped_say_why(cpu_device):
     assert slow["fused_adamw"].status == levers.SKIPPED and slow["fused_adamw"].reason == "not among --levers"
 
 
+def test_unmasked_causal_attention_is_a_lever_for_a_qwen_decoder_under_sdpa(cpu_device):
+    def row(*overrides):
+        cfg = loading.load([*TINY, *overrides], device=cpu_device)
+        return {r.name: r for r in audit.plan_levers(cfg, cpu_device)}["unmasked_causal"]
+
+    encoder = row()  # BERT: its decision's reason, word for word
+    assert (encoder.status, encoder.decision) == (levers.CANNOT_USE, "unmasked_causal")
+    assert "model type 'bert' is not a decoder that takes its masks by layer type" in encoder.reason
+    qwen = ["model=tiny_qwen3", "hardware.attn_implementation=sdpa"]
+    assert row(*qwen).status == levers.IN_USE  # every profile has it
+    off = row(*qwen, "hardware.unmasked_causal=false")
+    assert (off.status, off.overrides) == (levers.MEASURE, ("hardware.unmasked_causal=true",))
+    assert row("model=tiny_qwen3").reason.startswith("attention 'eager'")  # the CPU profile's attention
+
+
 def test_packing_is_a_lever_unless_the_config_packs_already(cpu_device):
     cfg = loading.load(TINY, device=cpu_device)
     (row,) = [r for r in audit.plan_levers(cfg, cpu_device) if r.name == "packing"]

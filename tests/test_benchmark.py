@@ -132,8 +132,8 @@ def test_the_default_grid_is_every_value_of_every_axis():
 @pytest.mark.parametrize("grid,message", [
     ("precison=fp32", "unknown grid key 'precison' (valid: precision, compile, gradient_checkpointing, bucketing, "
                       "fused_adamw, fast_dropout, tf32, compile_mode, attention, compile_scope, liger_kernel, "
-                      "inductor_tuning, "
-                      "mix_order_reduction, low_precision_layernorm, prepared_mask, skip_guards, padding)"),
+                      "inductor_tuning, mix_order_reduction, low_precision_layernorm, prepared_mask, "
+                      "unmasked_causal, skip_guards, padding)"),
     ("padding=packed bucketing=on", "grid keys 'padding' and 'bucketing' both set data.bucketing: name one of them"),
     ("padding=unpadded", "grid padding='unpadded' is invalid (valid: dynamic, bucketed, packed, binned)"),
     ("precision=fp8", "grid precision='fp8' is invalid (valid: fp32, fp16, bf16)"),

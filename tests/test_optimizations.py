@@ -147,6 +147,11 @@ SETTINGS: dict[str, Case] = {
         ["model=tiny_qwen3", "hardware.attn_implementation=sdpa"], {"opt.prepared_mask.effective": "true"},
         lambda r, d: list(r.setup.mask_preparer.builders) == ["full_attention"] and isinstance(r.setup.model_inputs(
             {**next(iter(r.setup.train_loader)), "num_real_tokens": 1, "num_tokens": 2})["backbone_mask"], dict)),
+    "unmasked_causal": Case(  # a right-padded Qwen batch: its full-attention layers handed no mask (causal SDPA)
+        ["model=tiny_qwen3", "hardware.attn_implementation=sdpa", "hardware.unmasked_causal=true"],
+        {"opt.unmasked_causal.effective": "true"},
+        lambda r, d: r.setup.model_inputs(next(iter(r.setup.train_loader)))["backbone_mask"] == {
+            "full_attention": None}),
     "prepared_mask_with_eager_attention": Case(  # the CPU profile's: transformers reads an encoder's eager mask too
         ["hardware.attn_implementation=eager", "hardware.prepared_mask=true"], {"opt.prepared_mask.effective": "true"},
         lambda r, d: r.setup.mask_preparer.norm is not None and "attention_mask" not in r.setup.model_inputs(

@@ -164,9 +164,11 @@ def test_a_batch_without_the_collators_counts_is_read_from_its_host_mask_and_nev
 
 
 def test_a_pooled_decoder_trains_alike_with_and_without_prepared_masks(cpu_device, one_torch_thread):
-    """Through the trainer: tiny_qwen3's group pools each row's last token, so its masks go to the backbone."""
+    """Through the trainer: tiny_qwen3's group pools each row's last token, so its masks go to the backbone. The
+    masks only (unmasked_causal off: it changes the kernel, so the sums' rounding; tests/test_unmasked_causal.py)."""
     configs = [loading.load([*TINY, "model=tiny_qwen3", "hardware.attn_implementation=sdpa",
-                             f"hardware.prepared_mask={on}"], device=cpu_device) for on in ("true", "false")]
+                             "hardware.unmasked_causal=false", f"hardware.prepared_mask={on}"], device=cpu_device)
+               for on in ("true", "false")]
     results = [train(cfg, tracker=NullTracker(), progress=False, device=cpu_device, verbose=False) for cfg in configs]
     assert results[0].setup.mask_preparer.key == "backbone_mask" and results[1].setup.mask_preparer is None
     assert results[0].metrics["train/final_loss"] == results[1].metrics["train/final_loss"]

@@ -118,6 +118,7 @@ class HardwareConfig:
     skip_guards: bool = True  # compiled forwards skip dynamo's guards for inputs already seen (skip_guards.py)
     low_precision_layernorm: bool = False  # LayerNorm in bf16/fp16 under autocast (low_precision_layernorm.py)
     prepared_mask: bool = True  # eager forwards get their attention mask built, not read on the host (prepared_mask.py)
+    unmasked_causal: bool = True  # right-padded Qwen batches: causal SDPA, no padding mask (unmasked_causal.py)
     batch_size: Any = 32  # per-device micro-batch: int or 'auto' (batch finder)
     num_workers: Any = "auto"  # int or 'auto' = cores - 2, at least 0
     pin_memory: bool = True  # pinned host memory for asynchronous host-to-GPU copies (CUDA only)

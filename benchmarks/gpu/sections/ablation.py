@@ -42,6 +42,10 @@ def grids(ctx: Context, cuda: bool) -> list[tuple[str, str, list[str], float, in
     grid = [("compile mode (bucketed, 8 widths)", "compile_mode=default,reduce-overhead", BUCKETED_8, 130, 100),
             # the fused-kernel flags (issue 37): Liger's RMSNorm and SwiGLU against eager in a decoder classifier
             ("Liger kernels (random Qwen3-0.6B)", "liger_kernel=off,on", workloads.model("qwen3_0_6b"), 60),
+            # and the same decoder's full-attention layers handed no padding mask (unmasked_causal.py): SDPA's causal
+            # kernel on grouped K/V heads, against a masked kernel on K/V copied to every head
+            ("unmasked causal attention (random Qwen3-0.6B)", "unmasked_causal=off,on",
+             workloads.model("qwen3_0_6b"), 60),
             # and LayerNorm in bf16 in the encoder (a 16-bit residual stream), eager and compiled
             ("low-precision LayerNorm", "low_precision_layernorm=off,on", [], 30),
             ("low-precision LayerNorm (compiled)", "low_precision_layernorm=off,on", compiled, 200),

@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..hardware import DeviceInfo
 from ..optimizations import attention, bucketing, compile as compile_opt, fast_dropout, fused_adamw, named, packing
 from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, mix_order_reduction, pad_widths
-from ..optimizations import prepared_mask, skip_guards
+from ..optimizations import prepared_mask, skip_guards, unmasked_causal
 from ..optimizations import precision as precision_opt, tf32
 from ..tracking.params import NOTE, device_params, note, run_name
 from ..tracking.tracker import Tracker, closing, start
@@ -71,7 +71,11 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
               # the attention and padding asked for (a model class without SDPA says so when its run builds it)
               "prepared_mask": lambda: prepared_mask.supported(
                   _model_type(cfg, tokenizer), asked.get("attention", cfg.hardware.attn_implementation),
-                  "packed" if asked.get("padding", cfg.data.padding) == "packed" else "dynamic", cfg.model.pooling)}
+                  "packed" if asked.get("padding", cfg.data.padding) == "packed" else "dynamic", cfg.model.pooling),
+              "unmasked_causal": lambda: unmasked_causal.supported(
+                  _model_type(cfg, tokenizer), asked.get("attention", cfg.hardware.attn_implementation),
+                  "packed" if asked.get("padding", cfg.data.padding) == "packed" else "dynamic",
+                  asked.get("prepared_mask", cfg.hardware.prepared_mask))}
     for axis, value in cell.values:
         if axis == "precision":
             decision = precision_opt.resolve(value, device)

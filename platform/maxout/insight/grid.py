@@ -55,6 +55,8 @@ AXES: dict[str, Axis] = {
     "low_precision_layernorm": Axis("hardware.low_precision_layernorm", (False, True), in_default=False),
     # and eager forwards handed their attention mask built, without transformers' host read of it (a sync a forward)
     "prepared_mask": Axis("hardware.prepared_mask", (False, True), in_default=False),
+    # and a right-padded decoder batch's causal attention without a padding mask (SDPA's causal kernel: Qwen2/3)
+    "unmasked_causal": Axis("hardware.unmasked_causal", (False, True), in_default=False),
     # and compiled forwards that skip dynamo's guards for inputs already seen (the host's time a step, with compile)
     "skip_guards": Axis("hardware.skip_guards", (False, True), in_default=False),
     # How rows become batches: padded to the batch's longest row (random or length-bucketed batches), packed

@@ -192,6 +192,8 @@ LEVERS: tuple = (
           what="LayerNorm in the autocast dtype: a 16-bit residual stream (encoders)"),
     Lever("prepared_mask", _switch("hardware.prepared_mask"), ("prepared_mask",),
           what="eager forwards' attention masks built without a host read (one sync a forward)"),
+    Lever("unmasked_causal", _switch("hardware.unmasked_causal"), ("unmasked_causal",),
+          what="a decoder's right-padded batches through SDPA's causal kernel, with no padding mask"),
     Lever("liger_kernel", _switch("hardware.liger_kernel"), ("liger_kernel",),
           what="Liger's fused Triton kernels (decoders' RMSNorm, SwiGLU, RoPE, cross-entropy)"),
     Lever("gradient_checkpointing", _checkpointing, ("gradient_checkpointing",),

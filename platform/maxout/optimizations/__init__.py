@@ -17,8 +17,8 @@ NAMES = (
     "precision", "tf32", "cudnn_benchmark", "deterministic", "fused_adamw", "compile", "compile_mode", "compile_scope",
     "gradient_checkpointing", "attention", "accumulation", "grad_clipping", "num_workers", "pin_memory",
     "persistent_workers", "prefetch_factor", "bucketing", "padding", "packing", "pad_widths", "freeze_encoder",
-    "adapter", "fast_dropout", "liger_kernel", "low_precision_layernorm", "prepared_mask", "inductor_tuning",
-    "mix_order_reduction", "skip_guards", "data_parallel",
+    "adapter", "fast_dropout", "liger_kernel", "low_precision_layernorm", "prepared_mask", "unmasked_causal",
+    "inductor_tuning", "mix_order_reduction", "skip_guards", "data_parallel",
 )
 
 PRECISIONS = ("bf16", "fp16", "fp32")  # precision.py: autocast dtype per name

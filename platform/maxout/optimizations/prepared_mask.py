@@ -18,7 +18,8 @@ one sync a step where packed batches, which carry no padding mask, made none, an
   nothing. A decoder's keeps its 2D mask and transformers' own reads: without a mask it would read its position ids
   instead (``find_packed_sequence_indices``, once per mask it builds), and a built causal mask would trade the
   ``is_causal`` flash kernel for a masked one, a trade only a GPU can price. With bucketing nearly every batch is
-  padded (CUDA pads widths to multiples of 8).
+  padded (CUDA pads widths to multiples of 8). Qwen2 and Qwen3, which take their masks by layer type, do better
+  (unmasked_causal.py): padded or not, their full-attention layers get no mask at all, and run causal.
 
 The model's outputs are unchanged. A compiled forward keeps the 2D mask (dynamo traces the checks away, and a new
 input layout would compile another graph), so this serves eager runs and a compiled run's eager forwards.
@@ -107,14 +108,23 @@ class MaskPreparer:
     ``CAUSAL``); ``single``: the model takes one tensor rather than a mapping by layer type; ``causal``: a decoder's
     (its unpadded batches keep their 2D mask); ``key``: the input the masks go to (``backbone_mask`` under per-sample
     pooling, which keeps the 2D mask); ``always``: unpadded batches get their masks built too (compiled layers:
-    ``apply``)."""
+    ``apply``); ``unmasked``: the layer types handed no mask at all, every batch (unmasked_causal.py: a decoder's
+    full-attention layers, which then run SDPA's causal kernel)."""
 
     def __init__(self, config: Any, dtype: torch.dtype, builders: dict[str, Callable], single: bool = True,
                  causal: bool = False, key: str = "attention_mask", always: bool = False,
-                 norm: Optional[torch.nn.Module] = None):
+                 norm: Optional[torch.nn.Module] = None, unmasked: frozenset = frozenset()):
         self.config, self.dtype, self.builders = config, dtype, builders
         self.single, self.causal, self.key, self.always = single, causal, key, always
         self.norm = norm  # eager attention: the embeddings' LayerNorm, whose output dtype is the additive mask's
+        self.unmasked = unmasked
+
+    @property
+    def serves_compiled(self) -> bool:
+        """Whether a compiled model takes these inputs too: where some layers get no mask, whose SDPA then runs its
+        causal kernel; a graph traced with the 2D mask builds a masked one for them (dynamo traces transformers'
+        skip away). Every batch gets the same layout, so the graph is traced once."""
+        return bool(self.unmasked)
 
     def mask_dtype(self, device: torch.device) -> torch.dtype:
         """The dtype of the embeddings the model will compute, which its own builders would read: the weights'
@@ -130,7 +140,11 @@ class MaskPreparer:
         False, an encoder's without a mask and a decoder's as they are (the module docstring); as they are when None
         (unknown on the host)."""
         mask = inputs.get("attention_mask")
-        if mask is None or mask.dim() != 2 or has_padding is None:
+        if mask is None or mask.dim() != 2:
+            return inputs
+        if self.unmasked:  # padded or not, known or not: the built masks read nothing, the others are none
+            return self._prepared(inputs, mask)
+        if has_padding is None:
             return inputs
         if not has_padding and not self.always:
             if self.causal:
@@ -138,11 +152,15 @@ class MaskPreparer:
             prepared = dict(inputs)
             del prepared["attention_mask"]
             return prepared
+        return self._prepared(inputs, mask)
+
+    def _prepared(self, inputs: dict, mask: torch.Tensor) -> dict:
         prepared = dict(inputs)
         rows, width = mask.shape
         # only its shape, dtype and device are read: the embeddings the model will compute
         embeddings = torch.empty(rows, width, 0, dtype=self.mask_dtype(mask.device), device=mask.device)
-        built = {kind: build(self.config, embeddings, mask) for kind, build in self.builders.items()}
+        built = {kind: None if kind in self.unmasked else build(self.config, embeddings, mask)
+                 for kind, build in self.builders.items()}
         prepared[self.key] = next(iter(built.values())) if self.single else built
         return prepared
 

@@ -27,7 +27,7 @@ from ..optimizations import accumulation, attention, bin_packing, bucketing, com
 from ..optimizations import data_parallel, dataloader, deterministic, fast_dropout, freeze, fused_adamw
 from ..optimizations import grad_clipping, gradient_checkpointing, lora, packing, pad_widths, precision as precision_opt
 from ..optimizations import inductor_tuning, liger_kernel, low_precision_layernorm, mix_order_reduction
-from ..optimizations import prepared_mask, regional_compile, skip_guards, tf32, varlen
+from ..optimizations import prepared_mask, regional_compile, skip_guards, tf32, unmasked_causal, varlen
 from ..serving import pooling
 from .distributed import SINGLE, World, keep_until_exit
 from .divergence import DivergenceWatch
@@ -98,7 +98,8 @@ class Setup:
         layers) run inside an eager model, which builds their mask as an eager one does: theirs are prepared too."""
         device = self.device.torch_device
         inputs = {k: batch[k].to(device, non_blocking=True) for k in data_mod.MODEL_INPUTS if k in batch}
-        if self.mask_preparer is None or (compiled and self.compile_scope == "model"):
+        if self.mask_preparer is None or (compiled and self.compile_scope == "model"
+                                          and not self.mask_preparer.serves_compiled):
             return inputs
         with self.precision.autocast():  # an eager mask's dtype is the embeddings' under the forward's autocast
             return self.mask_preparer(inputs, prepared_mask.padded(batch))
@@ -208,10 +209,13 @@ def plan_decisions(cfg: Config, device: DeviceInfo, model_class: type, world: Wo
                          mix_order_reduction.supported(device, d_compile.effective))
     d_mask = decide("prepared_mask", hw.prepared_mask, prepared_mask.supported(
         model_class.config_class.model_type, d_attn.effective, d_pad.effective, cfg.model.pooling))
+    d_unmasked = decide("unmasked_causal", hw.unmasked_causal, unmasked_causal.supported(
+        model_class.config_class.model_type, d_attn.effective, d_pad.effective, d_mask.effective))
     d_skip = decide("skip_guards", hw.skip_guards, skip_guards.supported(
         d_compile.effective, d_pad.effective == "packed", d_parallel.effective))
     return [d_prec, d_tf32, d_cudnn, d_det, d_attn, d_ckpt, *d_loader, d_bucket, d_pad, d_packing, d_widths, d_fused,
-            d_clip, d_compile, d_mode, d_scope, d_dropout, d_liger, d_tuning, d_mix_order, d_mask, d_skip, d_parallel]
+            d_clip, d_compile, d_mode, d_scope, d_dropout, d_liger, d_tuning, d_mix_order, d_mask, d_unmasked,
+            d_skip, d_parallel]
 
 
 def apply_backend(cfg: Config, planned: list[Decision]) -> None:
@@ -357,6 +361,17 @@ def build_compile(cfg: Config, model: torch.nn.Module, planned: list[Decision]) 
     return (compile_opt.with_step_marks(compiled) if compile_opt.records_graphs(mode) else compiled), d_scope
 
 
+def _mask_preparer(model: torch.nn.Module, classifier: torch.nn.Module, decisions: list[Decision],
+                   layers_compiled: bool) -> Optional[prepared_mask.MaskPreparer]:
+    """What hands the forwards their attention masks (prepared_mask.py, unmasked_causal.py), None where transformers
+    builds them."""
+    if not named(decisions, "prepared_mask").effective:
+        return None
+    preparer = prepared_mask.apply(model, pooled=isinstance(classifier, pooling.PooledClassifier),
+                                   always=layers_compiled)
+    return unmasked_causal.apply(preparer) if named(decisions, "unmasked_causal").effective else preparer
+
+
 def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer: Any,
           micro_batch: Optional[int] = None, encode: Encode = data_mod.encode, world: World = SINGLE) -> Setup:
     micro_batch = micro_batch or resolve_micro_batch(cfg)
@@ -399,9 +414,8 @@ def build(cfg: Config, device: DeviceInfo, dataset: data_mod.Dataset, tokenizer:
                   eager=eager if compiled else None,
                   cuda_graphs=compiled and compile_opt.records_graphs(named(decisions, "compile_mode").effective),
                   compile_scope=d_scope.effective,
-                  mask_preparer=(prepared_mask.apply(model, pooled=isinstance(classifier, pooling.PooledClassifier),
-                                                     always=compiled and d_scope.effective == "layers")
-                                 if named(decisions, "prepared_mask").effective else None),
+                  mask_preparer=_mask_preparer(model, classifier, decisions,
+                                               layers_compiled=compiled and d_scope.effective == "layers"),
                   # one rank re-running a step alone would leave the others waiting at its all-reduce
                   oom=OOMRecovery(enabled=world.size == 1))
     setup.zero_grad()  # buffers from the start where gradients keep them (Setup.gradients_in_buffers)
