@@ -22,7 +22,8 @@ one sync a step where packed batches, which carry no padding mask, made none, an
   (unmasked_causal.py): padded or not, their full-attention layers get no mask at all, and run causal.
 
 The model's outputs are unchanged. A compiled forward keeps the 2D mask (dynamo traces the checks away, and a new
-input layout would compile another graph), so this serves eager runs and a compiled run's eager forwards.
+input layout would compile another graph), so this serves eager runs and a compiled run's eager forwards; with
+unmasked_causal a compiled model takes the prepared inputs too (the same layout every batch).
 
 Scope (``MODEL_TYPES``): the encoders whose mask is transformers' plain bidirectional one, ModernBERT under
 per-sample pooling (its own head may pool by the 2D mask: ``classifier_pooling=mean``, as its checkpoints set), and

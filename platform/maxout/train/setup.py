@@ -94,7 +94,8 @@ class Setup:
     def model_inputs(self, batch: dict, compiled: bool = False) -> dict:
         """``batch``'s model inputs on the device. An eager forward's come with the attention mask prepared from the
         batch's host copy where prepared_mask is on, so transformers does not read it on the host (a sync per
-        forward); a compiled model's keep the 2D mask its graph was traced with. Compiled layers (compile_scope
+        forward); a compiled model's keep the 2D mask its graph was traced with, unless unmasked_causal hands some
+        layers none (the same layout every batch: MaskPreparer.serves_compiled). Compiled layers (compile_scope
         layers) run inside an eager model, which builds their mask as an eager one does: theirs are prepared too."""
         device = self.device.torch_device
         inputs = {k: batch[k].to(device, non_blocking=True) for k in data_mod.MODEL_INPUTS if k in batch}
