@@ -54,27 +54,26 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
     """Why the device cannot honour ``cell`` (empty: it can), from the optimizations' own checks. (A model class
     without an SDPA path is found when the cell's run builds the model: its row then says so.)"""
     asked = dict(cell.values)
+    compiled = asked.get("compile", cfg.hardware.compile)
+    # the attention and padding asked for, as the mask checks take them (a model class without SDPA says so when
+    # its run builds it)
+    attention = asked.get("attention", cfg.hardware.attn_implementation)
+    padding = "packed" if asked.get("padding", cfg.data.padding) == "packed" else "dynamic"
     checks = {"compile": lambda: compile_opt.supported(device), "fused_adamw": lambda: fused_adamw.supported(device),
               "bucketing": lambda: bucketing.supported(cfg.data.padding),
               "fast_dropout": lambda: fast_dropout.supported(
-                  device, asked.get("compile", cfg.hardware.compile),
-                  asked.get("gradient_checkpointing", cfg.hardware.gradient_checkpointing)),
+                  device, compiled, asked.get("gradient_checkpointing", cfg.hardware.gradient_checkpointing)),
               "tf32": lambda: tf32.supported(device),
               "liger_kernel": lambda: liger_kernel.supported(device, _model_type(cfg, tokenizer)),
-              "inductor_tuning": lambda: inductor_tuning.supported(device, asked.get("compile", cfg.hardware.compile)),
-              "mix_order_reduction": lambda: mix_order_reduction.supported(
-                  device, asked.get("compile", cfg.hardware.compile)),
-              "skip_guards": lambda: skip_guards.supported(
-                  asked.get("compile", cfg.hardware.compile), asked.get("padding", cfg.data.padding) == "packed"),
+              "inductor_tuning": lambda: inductor_tuning.supported(device, compiled),
+              "mix_order_reduction": lambda: mix_order_reduction.supported(device, compiled),
+              "skip_guards": lambda: skip_guards.supported(compiled, padding == "packed"),
               "low_precision_layernorm": lambda: low_precision_layernorm.supported(
                   device, precision_opt.resolve(asked.get("precision", cfg.hardware.precision), device).effective),
-              # the attention and padding asked for (a model class without SDPA says so when its run builds it)
-              "prepared_mask": lambda: prepared_mask.supported(
-                  _model_type(cfg, tokenizer), asked.get("attention", cfg.hardware.attn_implementation),
-                  "packed" if asked.get("padding", cfg.data.padding) == "packed" else "dynamic", cfg.model.pooling),
+              "prepared_mask": lambda: prepared_mask.supported(_model_type(cfg, tokenizer), attention, padding,
+                                                               cfg.model.pooling),
               "unmasked_causal": lambda: unmasked_causal.supported(
-                  _model_type(cfg, tokenizer), asked.get("attention", cfg.hardware.attn_implementation),
-                  "packed" if asked.get("padding", cfg.data.padding) == "packed" else "dynamic",
+                  _model_type(cfg, tokenizer), attention, padding,
                   asked.get("prepared_mask", cfg.hardware.prepared_mask))}
     for axis, value in cell.values:
         if axis == "precision":
@@ -82,12 +81,12 @@ def skip_reason(cell: Cell, device: DeviceInfo, cfg: Config, tokenizer: Any = No
             if decision.changed:
                 return f"precision {value}: {decision.reason}"
         if axis == "compile_mode":
-            if not asked.get("compile", cfg.hardware.compile):
+            if not compiled:
                 return "compile_mode: compile is off (add compile=on to the grid, or hardware.compile=true)"
             decision = compile_opt.resolve_mode(value, device, cfg.data.padding, _widths(cfg, device, value))
             if decision.changed:
                 return f"compile_mode {value}: {decision.reason}"
-        if axis == "compile_scope" and not asked.get("compile", cfg.hardware.compile):
+        if axis == "compile_scope" and not compiled:
             return "compile_scope: compile is off (add compile=on to the grid, or hardware.compile=true)"
         if axis == "attention" and value == "flash_attention_2" and not device.flash_attention:
             return f"attention flash_attention_2: {device.flash_attention_reason}"
